@@ -1,0 +1,155 @@
+"""tunebench's QLoRA loop against HF Trainer + PEFT + bitsandbytes on the identical configuration.
+
+Each side runs in its own fresh process (its own CUDA context and peak-memory counters), one after
+the other in this one job, on the same GPU, with the same model shapes, NF4 base, LoRA, optimizer,
+batch, sequence length, checkpointing and step counts. Only the timed steps (after `warmup`) count.
+
+    python benchmarks/vs_hf_trainer.py --model mistral-7b --seq-len 512 --batch-size 8 [--liger] [--out F]
+
+The HF side is written as a user writes it: the NF4 model (built here as from_pretrained with a
+BitsAndBytesConfig would leave it: NF4 linears, the rest in bf16), peft's
+prepare_model_for_kbit_training, get_peft_model, then Trainer(bf16=True, optim=paged_adamw_8bit,
+gradient_checkpointing=True).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+GIB = 1024**3
+
+
+def _gib(n: int | None) -> float | None:
+    return None if n is None else n / GIB
+
+
+def _cfg(a: argparse.Namespace):
+    from tunebench import RunConfig
+
+    return RunConfig(model=a.model, method="qlora", seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
+                     warmup=a.warmup, lora_rank=16, lora_alpha=32, lora_dropout=0.0, grad_ckpt=a.grad_ckpt,
+                     optimizer="paged_adamw_8bit", precision="bf16", lr=2e-4, device=a.device, tag=["vs_hf_trainer"])
+
+
+def side_ours(a: argparse.Namespace) -> dict:
+    from tunebench import run
+
+    rec = run(_cfg(a))
+    m = rec.metrics
+    return {"side": "tunebench", "status": rec.status, "error": rec.error, "tokens_per_s": m.tokens_per_s,
+            "peak_alloc_gib": _gib(m.peak_mem_allocated_bytes), "peak_reserved_gib": _gib(m.peak_mem_reserved_bytes),
+            "loss_first": m.loss_first, "loss_last": m.loss_last, "setup_s": m.setup_s, "mfu": m.mfu,
+            "record": json.loads(rec.model_dump_json())}
+
+
+def side_hf(a: argparse.Namespace) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from tunebench.models import build_model, resolve_model
+
+    cfg = _cfg(a)
+    torch.manual_seed(0)
+    cuda = a.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    model, _ = build_model(resolve_model(a.model), cfg, torch.device(a.device))
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=a.grad_ckpt)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
+                                             bias="none", task_type="CAUSAL_LM"))
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    n = a.steps * a.batch_size
+    data = torch.randint(0, vocab, (n, a.seq_len), generator=gen)
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return n
+
+        def __getitem__(self, i: int) -> dict:
+            return {"input_ids": data[i], "labels": data[i]}
+
+    class Clock(TrainerCallback):
+        t0 = t1 = None
+
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step == a.warmup:
+                sync()
+                Clock.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == a.steps:
+                sync()
+                Clock.t1 = time.perf_counter()
+
+    args = TrainingArguments(
+        output_dir="/tmp/hf-trainer-bench", per_device_train_batch_size=a.batch_size, gradient_accumulation_steps=1,
+        max_steps=a.steps, learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0, bf16=True,
+        optim="paged_adamw_8bit", gradient_checkpointing=a.grad_ckpt, logging_steps=10, save_strategy="no",
+        report_to=[], max_grad_norm=1.0, dataloader_pin_memory=cuda, use_liger_kernel=a.liger, seed=0, use_cpu=not cuda)
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[Clock()])
+    out = trainer.train()
+    timed = (a.steps - a.warmup) * a.batch_size * a.seq_len
+    return {"side": "hf_trainer" + ("+liger" if a.liger else ""), "status": "ok",
+            "tokens_per_s": timed / (Clock.t1 - Clock.t0),
+            "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None,
+            "train_loss": out.training_loss}
+
+
+def _child(a: argparse.Namespace, side: str, liger: bool = False) -> dict:
+    cmd = [sys.executable, __file__, "--side", side, "--model", a.model, "--seq-len", str(a.seq_len),
+           "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--warmup", str(a.warmup), "--device", a.device]
+    cmd += ["--grad-ckpt" if a.grad_ckpt else "--no-grad-ckpt"] + (["--liger"] if liger else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return {"side": side, "status": "failed", "error": (proc.stderr or proc.stdout)[-3000:]}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="mistral-7b")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no memory figures)")
+    p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--liger", action="store_true", help="also run HF Trainer with use_liger_kernel=True")
+    p.add_argument("--side", choices=("ours", "hf"), help=argparse.SUPPRESS)
+    p.add_argument("--out", help="write all figures as JSON here")
+    a = p.parse_args()
+    if a.side:
+        print("RESULT " + json.dumps(side_ours(a) if a.side == "ours" else side_hf(a)), flush=True)
+        return
+    results = [_child(a, "ours"), _child(a, "hf")] + ([_child(a, "hf", liger=True)] if a.liger else [])
+    ours = results[0]
+    print(f"\n{a.model} QLoRA seq {a.seq_len} batch {a.batch_size} grad_ckpt {a.grad_ckpt} "
+          f"({a.steps - a.warmup} timed steps after {a.warmup} warmup)")
+    print(f"{'side':<20}{'status':<8}{'tokens/s':>10}{'peak alloc GiB':>16}{'reserved GiB':>14}{'ratio':>8}{'mem':>7}")
+    for r in results:
+        if r.get("status") != "ok":
+            print(f"{r['side']:<20}{r.get('status'):<8}  {str(r.get('error', ''))[-400:]}")
+            continue
+        ratio = ours["tokens_per_s"] / r["tokens_per_s"] if ours.get("status") == "ok" else float("nan")
+        alloc, resv = r["peak_alloc_gib"] or float("nan"), r["peak_reserved_gib"] or float("nan")
+        mem = (ours["peak_alloc_gib"] or float("nan")) / alloc if ours.get("status") == "ok" else float("nan")
+        print(f"{r['side']:<20}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{alloc:>16.2f}{resv:>14.2f}"
+              f"{ratio:>8.3f}{mem:>7.3f}")
+    print("ratio = tunebench tokens/s / that side's; mem = tunebench peak allocated / that side's")
+    if a.out:
+        Path(a.out).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The training engine: synthetic data, optimizer, loss and the timed loop."""

@@ -1,0 +1,112 @@
+"""The training loop: grad accumulation, clipping, optimizer step, timing, loss watch.
+
+The host never waits for the step it just queued. Each step's loss is copied to pinned host memory
+asynchronously and read LAG steps later, so the GPU always has the next steps queued while a NaN
+or Inf still stops the run within LAG steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from tunebench.config import RunConfig
+from tunebench.engine.data import SyntheticTokens
+from tunebench.metrics.timer import StepTimer
+
+LAG = 2  # steps between queuing a loss and reading it back on GPUs
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class LoopResult:
+    status: str = "ok"  # ok | nan
+    error: str | None = None
+    losses: list[float] = field(default_factory=list)  # every step run, warmup included
+    wall_s: float = 0.0  # timed region
+    step_times: list[float] = field(default_factory=list)  # timed steps only
+
+
+def autocast(cfg: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    if cfg.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def make_step(loss_fn: LossFn, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+              data: SyntheticTokens, cfg: RunConfig, device: torch.device) -> Callable[[], torch.Tensor]:
+    """One optimizer step over `grad_accum` micro-batches; returns the step's mean loss (on device)."""
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+
+    def step() -> torch.Tensor:
+        total = torch.zeros((), device=device)
+        for _ in range(cfg.grad_accum):
+            ids, labels = data.next()
+            with autocast(cfg, device):
+                loss = loss_fn(ids, labels) / cfg.grad_accum
+            (scaler.scale(loss) if scaler else loss).backward()
+            total += loss.detach().float()
+        if scaler:
+            scaler.unscale_(optimizer)
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total
+
+    return step
+
+
+def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.device,
+             on_step: Callable[[int, float | None], None] | None = None) -> LoopResult:
+    cuda = device.type == "cuda"
+    lag = LAG if cuda else 0
+    host = torch.zeros(cfg.steps, dtype=torch.float32, pin_memory=cuda)
+    ready: list[torch.cuda.Event | None] = []
+    timer = StepTimer(device)
+    result = LoopResult()
+    last: float | None = None
+
+    def read(k: int) -> bool:
+        """Read step k's loss; False (and status nan) if it is not finite."""
+        nonlocal last
+        if ready[k] is not None:
+            ready[k].synchronize()
+        last = float(host[k])
+        result.losses.append(last)
+        if not math.isfinite(last):
+            result.status, result.error = "nan", f"loss became {last} at step {k}"
+            return False
+        return True
+
+    for i in range(cfg.steps):
+        if i == cfg.warmup:
+            timer.start()
+        loss = step()
+        host[i].copy_(loss, non_blocking=cuda)
+        ready.append(torch.cuda.Event() if cuda else None)
+        if cuda:
+            ready[-1].record()
+        if i >= cfg.warmup:
+            timer.step_end()
+        if i - lag >= 0 and not read(i - lag):
+            break
+        if on_step:
+            on_step(i, last)
+    else:
+        for k in range(max(cfg.steps - lag, 0), cfg.steps):
+            if not read(k):
+                break
+    if len(timer.marks) > 0:
+        result.wall_s, result.step_times = timer.finish()
+    return result

@@ -1,0 +1,1 @@
+"""Measurements: step timing, statistics, FLOPs/MFU, memory."""

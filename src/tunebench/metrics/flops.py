@@ -1,0 +1,91 @@
+"""Model FLOPs per token, MFU and HFU, exactly as DESIGN.md section 2 defines them.
+
+Training where all weights get gradients: 6*N_matmul + 6*L*H*head_dim*S (PaLM appendix B,
+torchtitan; the attention term is for causal attention, half of the full S x S product).
+LoRA / QLoRA: the frozen base gets no weight gradient, so its matmuls cost forward + input-gradient:
+4*N_frozen + 6*N_trainable + the same attention term.
+HFU also counts what is computed again: with activation checkpointing each block's forward
+(2*N_blocks + 2*L*H*head_dim*S), and the chunked loss's second head forward (2*N_head).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torch import nn
+
+# Peak dense bf16 FLOP/s by GPU name. Most specific patterns first; unknown GPUs get no MFU.
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    (r"H200 NVL", 835e12), (r"H200", 989e12), (r"GH200", 989e12),
+    (r"H100 NVL", 835e12), (r"H100 PCIe", 756e12), (r"H100", 989e12), (r"H800", 989e12),
+    (r"B200", 2250e12), (r"A100", 312e12), (r"A800", 312e12),
+    (r"L40S", 362e12), (r"L40\b", 181e12), (r"\bL4\b", 121e12), (r"\bA10\b", 125e12),
+    (r"A6000", 155e12), (r"V100", 125e12),
+]
+
+
+def peak_flops(gpu_name: str | None) -> float | None:
+    if not gpu_name:
+        return None
+    for pattern, value in PEAK_BF16_FLOPS:
+        if re.search(pattern, gpu_name, re.IGNORECASE):
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    model: float  # MFU numerator
+    hardware: float  # HFU numerator (adds recompute)
+    formula: str
+    n_frozen: int
+    n_trainable: int
+    attention: float
+
+
+def _matmul_size(m: nn.Module) -> int:
+    # bitsandbytes Linear4bit packs its weight, so count from the declared shape.
+    if hasattr(m, "in_features") and hasattr(m, "out_features"):
+        return m.in_features * m.out_features
+    return m.weight.numel()  # transformers' Conv1D (GPT-2)
+
+
+def _is_matmul(m: nn.Module) -> bool:
+    if hasattr(m, "base_layer"):  # a peft wrapper: its base layer and adapters are counted on their own
+        return False
+    return isinstance(m, nn.Linear) or type(m).__name__ in ("Linear4bit", "Linear8bitLt", "Conv1D")
+
+
+def flops_per_token(model: nn.Module, head: nn.Module, num_layers: int, num_heads: int, head_dim: int,
+                    seq_len: int, grad_ckpt: bool, chunked_head: bool = True) -> FlopsPerToken:
+    frozen = trainable = head_n = 0
+    for m in model.modules():
+        if not _is_matmul(m):
+            continue
+        n = _matmul_size(m)
+        if m.weight.requires_grad:
+            trainable += n
+        else:
+            frozen += n
+        if m is head:
+            head_n = n
+    attn = 6.0 * num_layers * num_heads * head_dim * seq_len
+    mfu_flops = 4.0 * frozen + 6.0 * trainable + attn
+    if frozen == 0:
+        formula = f"6*N_matmul + 6*L*H*head_dim*S = 6*{trainable} + 6*{num_layers}*{num_heads}*{head_dim}*{seq_len}"
+    else:
+        formula = (f"4*N_frozen + 6*N_trainable + 6*L*H*head_dim*S = 4*{frozen} + 6*{trainable} "
+                   f"+ 6*{num_layers}*{num_heads}*{head_dim}*{seq_len}")
+    hfu_flops = mfu_flops
+    if grad_ckpt:
+        hfu_flops += 2.0 * (frozen + trainable - head_n) + attn / 3
+        formula += "; HFU adds block recompute 2*N_blocks + 2*L*H*head_dim*S"
+    if chunked_head:
+        hfu_flops += 2.0 * head_n
+        formula += "; HFU adds the chunked loss's head recompute 2*N_head"
+    return FlopsPerToken(mfu_flops, hfu_flops, formula, frozen, trainable, attn)
+
+
+def utilization(flops_per_tok: float, tokens_per_s_per_gpu: float, peak: float | None) -> float | None:
+    return None if peak is None else flops_per_tok * tokens_per_s_per_gpu / peak

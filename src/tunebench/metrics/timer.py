@@ -1,0 +1,49 @@
+"""Step timing: device-clock events per step on GPUs, perf_counter on CPU; wall time around the region.
+
+No host synchronisation inside the timed region: CUDA events are recorded into the stream and read
+once at the end.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepTimer:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self.t0 = time.perf_counter()
+        self.marks = [self._mark()]
+
+    def _mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def step_end(self) -> None:
+        self.marks.append(self._mark())
+
+    def finish(self) -> tuple[float, list[float]]:
+        """Wall seconds of the whole region and the seconds of each step in it."""
+        synchronize(self.device)
+        wall = time.perf_counter() - self.t0
+        if self.cuda:
+            steps = [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        else:
+            steps = [b - a for a, b in zip(self.marks, self.marks[1:])]
+        return wall, steps

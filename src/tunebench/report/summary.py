@@ -1,0 +1,82 @@
+"""The readable summary of one run, and the one-line-per-run listing of a store."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from tunebench.record import ResultRecord
+
+GIB = 1024**3
+
+
+def _fmt(v: float | int | None, spec: str = ",.1f", scale: float = 1.0, unit: str = "") -> str:
+    return "-" if v is None else f"{v / scale:{spec}}{unit}"
+
+
+def run_table(rec: ResultRecord) -> Table:
+    c, m = rec.config, rec.metrics
+    gpu = rec.environment.get("gpu", {}).get("name") or rec.environment.get("device", "cpu")
+    t = Table(title=f"tunebench run {rec.id[:12]}  status: {rec.status}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    rows = [
+        ("workload", f"{c['model']} {c['method']} {c['precision']}  batch {c['batch_size']} x accum "
+                     f"{c['grad_accum']} x seq {c['seq_len']}  opt {c['optimizer']}  ckpt {c['grad_ckpt']}"),
+        ("device", f"{gpu} x {m.world_size}"),
+        ("tokens/s", f"{_fmt(m.tokens_per_s)}  ({_fmt(m.tokens_per_s_per_gpu)} per device)"),
+        ("samples/s", _fmt(m.samples_per_s, ",.3f")),
+        ("step time p50/p90/p99", "-" if not m.step_time_s else
+         f"{m.step_time_s.p50 * 1e3:.1f} / {m.step_time_s.p90 * 1e3:.1f} / {m.step_time_s.p99 * 1e3:.1f} ms"
+         f"  (mean {m.step_time_s.mean * 1e3:.1f}, std {m.step_time_s.std * 1e3:.1f})"),
+        ("peak memory alloc/reserved", f"{_fmt(m.peak_mem_allocated_bytes, '.2f', GIB, ' GiB')} / "
+                                       f"{_fmt(m.peak_mem_reserved_bytes, '.2f', GIB, ' GiB')}"
+                                       f"  (NVML used {_fmt(m.nvml_mem_used_bytes, '.2f', GIB, ' GiB')})"),
+        ("peak host RSS", _fmt(m.peak_rss_bytes, ".2f", GIB, " GiB")),
+        ("MFU / HFU", "-" if m.mfu is None else f"{m.mfu:.1%} / {m.hfu:.1%}"),
+        ("FLOPs/token", _fmt(m.flops_per_token, ".3e")),
+        ("params trainable/total", f"{_fmt(m.params_trainable, ',.0f')} / {_fmt(m.params_total, ',.0f')}"),
+        ("setup", _fmt(m.setup_s, ".1f", unit=" s") + f"  (weights: {m.weights or '-'})"),
+        ("loss first/last", f"{_fmt(m.loss_first, '.4f')} / {_fmt(m.loss_last, '.4f')}"),
+    ]
+    if rec.error:
+        rows.append(("error", rec.error.strip().splitlines()[-1][:300]))
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def list_table(records: list[ResultRecord]) -> Table:
+    t = Table(title=f"{len(records)} results")
+    for col in ("id", "created", "kind", "status", "model", "method", "device", "tokens/s", "peak alloc", "tags"):
+        t.add_column(col)
+    for r in records:
+        m = r.metrics
+        t.add_row(r.id[:12], r.created_at.replace("+00:00", "Z"), r.kind, r.status, str(r.config.get("model")),
+                  str(r.config.get("method")), r.environment.get("gpu", {}).get("name") or r.environment.get("device"),
+                  _fmt(m.tokens_per_s), _fmt(m.peak_mem_allocated_bytes, ".2f", GIB, " GiB"), ",".join(r.tags))
+    return t
+
+
+def print_table(table: Table, console: Console | None = None) -> None:
+    console = console or Console()
+    if not console.is_terminal:  # piped output: do not squeeze columns into 80 characters
+        console.width = 200
+    console.print(table)
+
+
+def compare_table(records: list[ResultRecord], title: str = "comparison") -> Table:
+    """Runs side by side, with throughput and memory relative to the first (the baseline)."""
+    t = Table(title=title)
+    for col in ("run", "status", "tokens/s", "samples/s", "step p50 ms", "peak memory", "MFU", "vs first"):
+        t.add_column(col)
+    base = records[0].metrics.tokens_per_s if records else None
+    for r in records:
+        c, m = r.config, r.metrics
+        speed = f"{m.tokens_per_s / base:.2f}x" if base and m.tokens_per_s else "-"
+        mem = m.peak_mem_allocated_bytes if m.peak_mem_allocated_bytes is not None else m.peak_rss_bytes
+        label = "peak alloc" if m.peak_mem_allocated_bytes is not None else "peak RSS"
+        t.add_row(f"{c['model']} {c['method']} b{c['batch_size']} s{c['seq_len']}", r.status, _fmt(m.tokens_per_s),
+                  _fmt(m.samples_per_s, ",.2f"), "-" if not m.step_time_s else f"{m.step_time_s.p50 * 1e3:.1f}",
+                  f"{_fmt(mem, '.2f', GIB, ' GiB')} ({label})", "-" if m.mfu is None else f"{m.mfu:.1%}", speed)
+    return t
