@@ -20,7 +20,7 @@ from torch import nn
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
 from tunebench.engine.data import SyntheticTokens
 from tunebench.engine.loop import LoopResult, make_step, run_loop
-from tunebench.engine.loss import causal_lm_loss
+from tunebench.engine.loss import causal_lm_loss, is_fusable
 from tunebench.engine.optim import build_optimizer
 from tunebench.environment import environment
 from tunebench.errors import UserError, invalid
@@ -143,7 +143,7 @@ def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | Non
     out.params_total = sum(p.numel() for p in model.parameters())
     out.params_trainable = sum(p.numel() for p in params)
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
-                                cfg.grad_ckpt)
+                                cfg.grad_ckpt, head_recompute=not is_fusable(head))
     optimizer = build_optimizer(params, cfg)
     data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed)
 

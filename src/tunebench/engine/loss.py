@@ -1,9 +1,14 @@
-"""Causal-LM loss computed in chunks of tokens, each chunk's logits recomputed in backward.
+"""Causal-LM loss fused with the output head, computed in chunks of tokens.
 
-Hugging Face's loss materialises the whole (batch x seq x vocab) logits and upcasts them to fp32:
-on Mistral-7B at batch 8 x 512 that is 0.8 GiB, plus as much again for its gradient. Here only one
-chunk of about 64 Mi fp32 logits lives at a time; the price is one extra head forward per chunk
-(about 2% of a 7B model's FLOPs), which the HFU figure counts.
+Hugging Face's loss materialises the whole (tokens x vocab) logits and upcasts them to fp32: on
+Mistral-7B at batch 8 x 512 that is 0.8 GiB, plus as much again for its gradient. Here the head's
+matmul, the softmax cross-entropy and both gradients are done one chunk of tokens at a time in the
+forward pass (the approach of Liger's fused linear cross-entropy, in plain PyTorch): only one
+chunk of fp32 logits lives at a time and nothing is recomputed in backward, which only scales the
+stored gradients by the incoming one.
+
+A head that is not a plain ``nn.Linear`` (a LoRA-wrapped head, say) falls back to chunks whose
+logits are recomputed in backward by activation checkpointing; HFU counts that recompute.
 """
 
 from __future__ import annotations
@@ -20,8 +25,74 @@ def chunk_tokens(vocab_size: int) -> int:
     return max(128, LOGITS_PER_CHUNK // vocab_size)
 
 
+def _compute_dtype(h: torch.Tensor) -> torch.dtype:
+    return torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """sum over tokens of CE(h @ W.T + b, y), with d/dh, d/dW, d/db computed chunk by chunk in forward."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype):
+        with torch.autocast(h.device.type, enabled=False):  # dtypes are chosen explicitly below
+            return _FusedLinearCrossEntropy._forward(ctx, h, weight, bias, labels, chunk, dtype)
+
+    @staticmethod
+    def _forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype):
+        w = weight.to(dtype)
+        b = None if bias is None else bias.to(dtype)
+        hc = h.to(dtype)
+        grad_h = torch.empty_like(hc) if h.requires_grad else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and bias.requires_grad else None
+        total = torch.zeros((), device=h.device, dtype=torch.float32)
+        for i in range(0, hc.shape[0], chunk):
+            x, y = hc[i:i + chunk], labels[i:i + chunk]
+            logits = F.linear(x, w, b).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+            # d(sum CE)/d logits = softmax - onehot, computed in place over the fp32 chunk
+            g = logits.sub_(lse[:, None]).exp_()
+            g[torch.arange(y.shape[0], device=y.device), y] -= 1.0
+            g = g.to(dtype)
+            if grad_h is not None:
+                grad_h[i:i + chunk] = g @ w
+            if grad_w is not None:
+                grad_w.addmm_(g.t(), x, out_dtype=torch.float32) if _HAS_OUT_DTYPE else grad_w.add_(g.t() @ x)
+            if grad_b is not None:
+                grad_b += g.float().sum(0)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = (h.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        hd, wd, bd = ctx.dtypes
+        gh = None if grad_h is None else (grad_h * grad_out.to(grad_h.dtype)).to(hd)
+        gw = None if grad_w is None else (grad_w * grad_out).to(wd)
+        gb = None if grad_b is None else (grad_b * grad_out).to(bd)
+        return gh, gw, gb, None, None, None
+
+
+def _has_out_dtype() -> bool:
+    try:
+        torch.zeros(2, 2).addmm_(torch.zeros(2, 2, dtype=torch.bfloat16), torch.zeros(2, 2, dtype=torch.bfloat16),
+                                 out_dtype=torch.float32)
+        return True
+    except (TypeError, RuntimeError):
+        return False
+
+
+_HAS_OUT_DTYPE = _has_out_dtype()
+
+
 def _chunk_loss(head: nn.Module, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(head(h).float(), labels, reduction="sum")
+
+
+def is_fusable(head: nn.Module) -> bool:
+    return type(head) is nn.Linear
 
 
 def causal_lm_loss(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -29,6 +100,9 @@ def causal_lm_loss(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, 
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
     n = chunk_tokens(vocab_size)
-    total = sum(checkpoint(_chunk_loss, head, h[i:i + n], y[i:i + n], use_reentrant=False)
-                for i in range(0, h.shape[0], n))
+    if is_fusable(head):
+        total = _FusedLinearCrossEntropy.apply(h, head.weight, head.bias, y, n, _compute_dtype(h))
+    else:
+        total = sum(checkpoint(_chunk_loss, head, h[i:i + n], y[i:i + n], use_reentrant=False)
+                    for i in range(0, h.shape[0], n))
     return total / y.numel()

@@ -5,7 +5,8 @@ torchtitan; the attention term is for causal attention, half of the full S x S p
 LoRA / QLoRA: the frozen base gets no weight gradient, so its matmuls cost forward + input-gradient:
 4*N_frozen + 6*N_trainable + the same attention term.
 HFU also counts what is computed again: with activation checkpointing each block's forward
-(2*N_blocks + 2*L*H*head_dim*S), and the chunked loss's second head forward (2*N_head).
+(2*N_blocks + 2*L*H*head_dim*S), and, where the head cannot use the fused loss (a LoRA-wrapped
+head), the chunked loss's second head forward (2*N_head).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _is_matmul(m: nn.Module) -> bool:
 
 
 def flops_per_token(model: nn.Module, head: nn.Module, num_layers: int, num_heads: int, head_dim: int,
-                    seq_len: int, grad_ckpt: bool, chunked_head: bool = True) -> FlopsPerToken:
+                    seq_len: int, grad_ckpt: bool, head_recompute: bool = False) -> FlopsPerToken:
     frozen = trainable = head_n = 0
     for m in model.modules():
         if not _is_matmul(m):
@@ -81,7 +82,7 @@ def flops_per_token(model: nn.Module, head: nn.Module, num_layers: int, num_head
     if grad_ckpt:
         hfu_flops += 2.0 * (frozen + trainable - head_n) + attn / 3
         formula += "; HFU adds block recompute 2*N_blocks + 2*L*H*head_dim*S"
-    if chunked_head:
+    if head_recompute:
         hfu_flops += 2.0 * head_n
         formula += "; HFU adds the chunked loss's head recompute 2*N_head"
     return FlopsPerToken(mfu_flops, hfu_flops, formula, frozen, trainable, attn)

@@ -1,0 +1,56 @@
+"""The fused chunked loss equals plain cross-entropy over full logits, in value and in every gradient."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tunebench.engine import loss as L
+
+
+def _reference(h, head, y):
+    return F.cross_entropy(head(h).float().reshape(-1, head.out_features), y.reshape(-1))
+
+
+@pytest.mark.parametrize("bias,frozen_head", [(False, False), (True, False), (False, True)])
+def test_fused_matches_reference_fp32(monkeypatch, bias, frozen_head):
+    monkeypatch.setattr(L, "LOGITS_PER_CHUNK", 97 * 50)  # several chunks, the last one partial
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 97, bias=bias)
+    head.weight.requires_grad_(not frozen_head)
+    h = torch.randn(3, 70, 32, requires_grad=True)
+    y = torch.randint(0, 97, (3, 70))
+    ref = _reference(h, head, y)
+    ref_grads = torch.autograd.grad(ref * 3.0, [h] + [p for p in head.parameters() if p.requires_grad])
+    out = L.causal_lm_loss(h, head, y, 97)
+    grads = torch.autograd.grad(out * 3.0, [h] + [p for p in head.parameters() if p.requires_grad])
+    assert L.chunk_tokens(97) < 210 and L.is_fusable(head)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+
+
+def test_fused_under_bf16_autocast_is_close():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(64, 300, bias=False)
+    h = torch.randn(2, 50, 64, requires_grad=True)
+    y = torch.randint(0, 300, (2, 50))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = _reference(h, head, y)
+        out = L.causal_lm_loss(h, head, y, 300)
+    gr = torch.autograd.grad(ref, [h, head.weight])
+    go = torch.autograd.grad(out, [h, head.weight])
+    assert abs(out.item() - ref.item()) < 1e-2
+    for a, b in zip(go, gr):
+        assert (a - b).norm() / b.norm() < 2e-2
+        assert a.dtype == b.dtype
+
+
+def test_wrapped_head_falls_back_to_checkpointed_chunks():
+    head = torch.nn.Sequential(torch.nn.Linear(16, 40))
+    h = torch.randn(1, 30, 16, requires_grad=True)
+    y = torch.randint(0, 40, (1, 30))
+    ref = F.cross_entropy(head(h).reshape(-1, 40), y.reshape(-1))
+    out = L.causal_lm_loss(h, head, y, 40)
+    assert not L.is_fusable(head)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(torch.autograd.grad(out, h)[0], torch.autograd.grad(ref, h)[0])
