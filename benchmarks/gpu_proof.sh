@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # GPU proof runs, sent to a device machine with .whl carried (see benchmarks/README.md).
 #   bash benchmarks/gpu_proof.sh core      # issue 2: tinygpt-124m full bf16, mistral-7b QLoRA vs HF Trainer
+#   bash benchmarks/gpu_proof.sh single    # tinygpt-124m eager/compile + QLoRA vs HF Trainer (GPU 0 only)
+#   bash benchmarks/gpu_proof.sh scale8    # issue 3: tinygpt-124m, batch 8/GPU, 4 strategies at 1,2,4 GPUs
+#   bash benchmarks/gpu_proof.sh scale1x4  # issue 3: the seeds' config, batch 1 x accum 4, same grid
+#   bash benchmarks/gpu_proof.sh llama8b   # issue 3: llama-3-8b full fine-tune, FSDP2, 4 GPUs
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -18,6 +22,27 @@ core)
   tb run --model tinygpt-124m --method full --seq-len 2048 --batch-size 8 --steps 30 --warmup 10 --compile --tag gpu-proof
   python3 benchmarks/vs_hf_trainer.py --model mistral-7b --seq-len 512 --batch-size 8 --steps 30 --warmup 10 \
     --liger --out "$OUT/vs_hf_trainer.json"
+  ;;
+single)
+  export CUDA_VISIBLE_DEVICES=0
+  for c in "" "--compile"; do
+    tb run --model tinygpt-124m --method full --seq-len 2048 --batch-size 8 --steps 30 --warmup 10 \
+      --optimizer adamw_fused $c --tag gpu-proof
+  done
+  python3 benchmarks/vs_hf_trainer.py --model mistral-7b --seq-len 512 --batch-size 8 --steps 30 --warmup 10 \
+    --out "$OUT/vs_hf_trainer.json"
+  ;;
+scale8|scale1x4)
+  shape="--batch-size 8 --grad-accum 1"
+  [ "$1" = scale1x4 ] && shape="--batch-size 1 --grad-accum 4"
+  for s in ddp fsdp zero2 zero3; do
+    tb run --model tinygpt-124m --method full --seq-len 2048 $shape --steps 20 --warmup 8 \
+      --optimizer adamw_fused --strategy $s --gpus 1,2,4 --tag "gpu-proof-$1" 2>&1 | grep -v "step [0-9]*/"
+  done
+  ;;
+llama8b)
+  tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \
+    --grad-ckpt --steps 12 --warmup 4 --optimizer adamw_fused --tag gpu-proof-llama8b 2>&1 | grep -v "step [0-9]*/"
   ;;
 esac
 tb results export --format jsonl -o "$OUT/results.jsonl"

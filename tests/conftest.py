@@ -22,6 +22,7 @@ def tb(capsys):
     """Run the CLI in-process: returns (exit code, stdout, stderr)."""
 
     def _run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()  # drop what fixtures printed
         code = main(list(argv))
         out, err = capsys.readouterr()
         return code, out, err

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn, Sequence, get_origin
+from typing import NoReturn, Sequence, get_origin
 
 from tunebench.config import RunConfig
 from tunebench.errors import UserError
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one training benchmark and store its record")
     run.add_argument("config", nargs="?", help="YAML run config; flags override its keys")
     _add_config_flags(run)
+    run.add_argument("--gpus", help="scaling: run the same per-GPU config at each of these world sizes "
+                                    "(e.g. 1,2,4; processes on CPU) and report speedup and efficiency")
     run.add_argument("--json", action="store_true", help="print the record as JSON on stdout")
     run.add_argument("--no-store", action="store_true", help="do not write the record to the store")
     _store_arg(run)
@@ -68,29 +71,80 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sizes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UserError(f"invalid gpus={text}: expected a comma-separated list of world sizes like 1,2,4") from None
+    if not sizes or sizes[0] < 1:
+        raise UserError(f"invalid gpus={text}: world sizes must be positive integers")
+    return sizes
+
+
+def run_one(cfg: RunConfig, store_path: str | Path | None, sweep_id: str | None = None,
+            scaling_baseline: dict | None = None):
+    """One configuration: in this process, or under torchrun when it is distributed."""
+    from tunebench.launch.torchrun import launch
+    from tunebench.launch.worker import apply_scaling
+    from tunebench.report.progress import run_progress
+    from tunebench.runner import execute, preflight
+    from tunebench.store import Store
+
+    if cfg.distributed:
+        return launch(cfg, store_path, sweep_id, scaling_baseline)
+    started = time.perf_counter()
+    plan = preflight(cfg)
+    with run_progress(cfg) as progress:
+        rec = execute(plan, progress, started)
+    rec.sweep_id = sweep_id
+    apply_scaling(rec, scaling_baseline)
+    if store_path:
+        with Store(store_path) as store:
+            store.save(rec)
+    return rec
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tunebench.config import load_config
-    from tunebench.report.summary import print_table, run_table
+    from tunebench.report.summary import print_table, run_table, scaling_table
     from tunebench.runner import preflight
-    from tunebench.store import Store
+    from tunebench.store import default_store_path
 
-    started = time.perf_counter()
     overrides = {name: getattr(args, name) for name in RunConfig.model_fields}
     cfg = load_config(args.config, **overrides)
-    plan = preflight(cfg)  # all input checks happen before any model is built
-    store = None if args.no_store else Store(args.store)
-    rec = _with_progress(plan, started)
-    if store:
-        store.save(rec)
-        store.close()
+    sizes = _sizes(args.gpus)
+    store_path = None if args.no_store else (args.store or default_store_path())
+    if sizes:
+        configs = [cfg.model_copy(update={"nproc_per_node": n}) for n in sizes]
+        for c in configs:
+            preflight(c)  # every size is checked before the first one runs
+        records = []
+        for c in configs:  # the first size that succeeds is the baseline of the others
+            base = next((r for r in records if r and r.status == "ok"), None)
+            baseline = {"id": base.id, "world_size": base.metrics.world_size,
+                        "tokens_per_s": base.metrics.tokens_per_s} if base else {"self": True}
+            records.append(run_one(c, store_path, scaling_baseline=baseline))
+        if args.json:
+            print(json.dumps([json.loads(r.model_dump_json()) for r in records if r], indent=2), file=args.out)
+        else:
+            print_table(scaling_table([r for r in records if r]), Console(file=args.out))
+        return 0 if all(r and r.status == "ok" for r in records) else 1
+    if not cfg.distributed:
+        preflight(cfg)  # all input checks happen before any model is built
+    rec = run_one(cfg, store_path)
+    if rec is None:
+        Console(stderr=True).print("rank 0 ran on another node: its record is in that node's store")
+        return 0
     if args.json:
-        print(rec.model_dump_json(indent=2))
+        print(rec.model_dump_json(indent=2), file=args.out)
     else:
-        print_table(run_table(rec), Console())
-        if store:
-            Console(stderr=True).print(f"stored {rec.id} in {store.path}")
+        print_table(run_table(rec), Console(file=args.out))
+        if store_path:
+            Console(stderr=True).print(f"stored {rec.id} in {store_path}")
     return 0 if rec.status == "ok" else 1
 
 
@@ -100,43 +154,19 @@ def cmd_quick(args: argparse.Namespace) -> int:
     from tunebench.quick import quick_configs
     from tunebench.report.summary import compare_table, print_table
     from tunebench.runner import preflight
-    from tunebench.store import Store
+    from tunebench.store import default_store_path
 
     configs = quick_configs(args.device)
-    plans = [preflight(c) for c in configs]  # refuse bad input before the first run starts
+    for c in configs:
+        preflight(c)  # refuse bad input before the first run starts
+    store_path = args.store or default_store_path()
     records = []
-    with Store(args.store) as store:
-        for i, plan in enumerate(plans, 1):
-            Console(stderr=True).print(f"[{i}/{len(plans)}] {plan.cfg.model} {plan.cfg.method} "
-                                       f"batch {plan.cfg.batch_size} seq {plan.cfg.seq_len} on {plan.device}")
-            rec = _with_progress(plan, time.perf_counter())
-            store.save(rec)  # stored as it finishes, not at the end
-            records.append(rec)
-        print_table(compare_table(records, f"tunebench quick ({plans[0].device})"), Console())
-        Console(stderr=True).print(f"stored {len(records)} results in {store.path}; "
-                                   "see them with: tunebench results list")
+    for i, c in enumerate(configs, 1):
+        Console(stderr=True).print(f"{i}/{len(configs)}: {c.model} {c.method} batch {c.batch_size} seq {c.seq_len}")
+        records.append(run_one(c, store_path))  # each stored as it finishes, not at the end
+    print_table(compare_table(records, "tunebench quick"), Console(file=args.out))
+    Console(stderr=True).print(f"stored {len(records)} results in {store_path}; see them with: tunebench results list")
     return 0 if all(r.status == "ok" for r in records) else 1
-
-
-def _with_progress(plan: Any, started: float):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from tunebench.runner import execute
-
-    cfg = plan.cfg
-    console = Console(stderr=True)
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[loss]}"))
-    with Progress(*cols, console=console, transient=True) as prog:
-        task = prog.add_task(f"{cfg.model} {cfg.method}: building", total=cfg.steps, loss="")
-
-        def on_step(i: int, loss: float | None) -> None:
-            phase = "warmup" if i < cfg.warmup else "timed"
-            prog.update(task, completed=i + 1, description=f"{cfg.model} {cfg.method}: {phase}",
-                        loss="" if loss is None else f"loss {loss:.4f}")
-
-        return execute(plan, on_step, started)
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -147,15 +177,15 @@ def cmd_results(args: argparse.Namespace) -> int:
     from tunebench.store import Store
 
     if args.action == "schema":
-        print(json.dumps(json_schema(), indent=2))
+        print(json.dumps(json_schema(), indent=2), file=args.out)
         return 0
     with Store(args.store) as store:
         if args.action == "list":
-            print_table(list_table(list(store.records(args.kind, args.sweep))), Console())
+            print_table(list_table(list(store.records(args.kind, args.sweep))), Console(file=args.out))
         elif args.action == "show":
-            print(store.get(args.id).model_dump_json(indent=2))
+            print(store.get(args.id).model_dump_json(indent=2), file=args.out)
         elif args.action == "export":
-            out = open(args.output, "w", newline="") if args.output else sys.stdout
+            out = open(args.output, "w", newline="") if args.output else args.out
             try:
                 recs = list(store.records())
                 if args.format == "jsonl":
@@ -177,7 +207,9 @@ def cmd_results(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"run": cmd_run, "quick": cmd_quick, "results": cmd_results}[args.command](args)
+        args.out = sys.stdout  # results go here; anything libraries print (DeepSpeed logs) goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            return {"run": cmd_run, "quick": cmd_quick, "results": cmd_results}[args.command](args)
     except UserError as err:
         print(f"tunebench: error: {err}", file=sys.stderr)
         return 2

@@ -19,6 +19,9 @@ from tunebench.errors import UserError, invalid
 Method = Literal["full", "lora", "qlora"]
 Precision = Literal["bf16", "fp16", "fp32"]
 Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit"]
+Strategy = Literal["single", "ddp", "fsdp", "zero2", "zero3"]
+# Where a run happens rather than what it is: left out of the config hash.
+LAUNCH_ONLY = {"tag", "node_rank", "rdzv_endpoint", "rdzv_id", "timeout"}
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 
 
@@ -51,6 +54,15 @@ class RunConfig(BaseModel):
     compile: bool = False
     seed: int = 0
     device: Literal["auto", "cuda", "cpu"] = "auto"
+    strategy: Strategy = "single"
+    nproc_per_node: int | None = Field(None, gt=0, description="processes per node (default: all visible GPUs; "
+                                                                "1 on CPU)")
+    nnodes: int = Field(1, gt=0)
+    node_rank: int = Field(0, ge=0)
+    rdzv_endpoint: str | None = Field(None, description="HOST:PORT of the c10d rendezvous (multi-node)")
+    rdzv_id: str | None = Field(None, description="rendezvous id shared by all nodes (default from the config)")
+    timeout: float = Field(600.0, gt=0, description="collective timeout in seconds: a dead or stuck rank fails "
+                                                    "the run after this")
     tag: list[str] = Field(default_factory=list, description="free-text labels stored with the record")
 
     @field_validator("lora_targets", "tag", mode="before")
@@ -62,12 +74,28 @@ class RunConfig(BaseModel):
     def _cross_checks(self) -> RunConfig:
         if self.steps <= self.warmup:
             raise ValueError(f"steps={self.steps} must be greater than warmup={self.warmup} (warmup steps are not timed)")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} must be below nnodes={self.nnodes}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError(f"nnodes={self.nnodes} needs rdzv_endpoint=HOST:PORT (the rendezvous on the first node)")
+        if self.rdzv_endpoint and not _is_endpoint(self.rdzv_endpoint):
+            raise ValueError(f"rdzv_endpoint={self.rdzv_endpoint} must be HOST:PORT")
         return self
+
+    @property
+    def distributed(self) -> bool:
+        """Runs under torchrun: any strategy but single, or more than one process."""
+        return self.strategy != "single" or (self.nproc_per_node or 1) > 1 or self.nnodes > 1
 
     def config_hash(self) -> str:
         """Identity of the workload (tags excluded), used to match results across sweeps."""
-        data = self.model_dump(exclude={"tag"})
+        data = self.model_dump(exclude=LAUNCH_ONLY)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _is_endpoint(s: str) -> bool:
+    host, _, port = s.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 FIELDS = tuple(RunConfig.model_fields)

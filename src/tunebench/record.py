@@ -27,6 +27,7 @@ class TrainMetrics(BaseModel):
     model_config = ConfigDict(extra="allow", ser_json_inf_nan="strings")
 
     world_size: int = 1
+    nnodes: int = 1
     tokens_per_s: float | None = None  # global: timed tokens over all ranks / wall time of timed steps
     tokens_per_s_per_gpu: float | None = None
     samples_per_s: float | None = None
@@ -52,6 +53,9 @@ class TrainMetrics(BaseModel):
     loss_last: float | None = None
     losses: list[float] = Field(default_factory=list)
     weights: str | None = None  # 'random' or 'safetensors'
+    step_time_skew: float | None = None  # slowest rank's mean step time / fastest rank's - 1
+    per_rank: list[dict[str, Any]] | None = None  # each rank's own figures (distributed runs)
+    scaling: dict[str, Any] | None = None  # speedup and efficiency against the smallest world size run
 
 
 class ResultRecord(BaseModel):
@@ -81,10 +85,12 @@ def flat_row(rec: ResultRecord) -> dict[str, Any]:
                                                         "config_hash")}
     row["tags"] = ",".join(rec.tags)
     row |= {f"config.{k}": ",".join(v) if isinstance(v, list) else v for k, v in rec.config.items()}
-    metrics = rec.metrics.model_dump(exclude={"losses"})
+    metrics = rec.metrics.model_dump(exclude={"losses", "per_rank"})
     times = metrics.pop("step_time_s") or {}
+    scaling = metrics.pop("scaling") or {}
     row |= {f"metrics.{k}": v for k, v in metrics.items()}
     row |= {f"metrics.step_time_{k}_s": v for k, v in times.items()}
+    row |= {f"metrics.scaling_{k}": v for k, v in scaling.items()}
     env = rec.environment
     gpu = env.get("gpu", {})
     row |= {"env.device": env.get("device"), "env.gpu": gpu.get("name"), "env.gpu_count": gpu.get("count"),

@@ -1,35 +1,42 @@
-"""One training benchmark end to end: preflight -> model -> method -> loop -> metrics -> record.
+"""One training benchmark end to end: preflight -> model -> method -> strategy -> loop -> record.
 
-``preflight`` checks everything that can be checked before a weight exists and raises UserError;
-``run`` never raises for what happens after that: an OOM, a crash or a NaN becomes the record's
-status, because a failed configuration is a result.
+``preflight`` checks everything that can be checked before a weight exists and raises UserError.
+``execute`` runs on every rank. In one process it never raises for what happens after preflight:
+an OOM, a crash or a NaN becomes the record's status, because a failed configuration is a result.
+On several ranks an exception is raised instead, so the rank dies at once and torchrun ends the
+others (the launcher then records the failure); a NaN is seen by every rank at the same step,
+since the loss is averaged over ranks, so all of them stop together and report it.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import json
+import socket
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
-from torch import nn
 
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
 from tunebench.engine.data import SyntheticTokens
-from tunebench.engine.loop import LoopResult, make_step, run_loop
-from tunebench.engine.loss import causal_lm_loss, is_fusable
-from tunebench.engine.optim import build_optimizer
+from tunebench.engine.loop import LoopResult, optimizer_step_fn, run_loop
+from tunebench.engine.loss import is_fusable
+from tunebench.engine.model import CausalLMWithLoss, transformer_blocks, unwrap
 from tunebench.environment import environment
 from tunebench.errors import UserError, invalid
+from tunebench.launch.context import SINGLE, DistContext
 from tunebench.methods import apply_method, check_targets
-from tunebench.metrics.flops import FlopsPerToken, flops_per_token, peak_flops, utilization
+from tunebench.metrics.aggregate import combine_ranks, rank_summary
+from tunebench.metrics.flops import FlopsPerToken, flops_per_token
 from tunebench.metrics.memory import peak_memory, reset_peak
-from tunebench.metrics.stats import summarize
 from tunebench.models import ModelSpec, build_model, load_meta_model, resolve_model
-from tunebench.record import ResultRecord, StepTimes, TrainMetrics
+from tunebench.record import ResultRecord
+from tunebench.strategies import apply_strategy, check_strategy
 
 ProgressFn = Callable[[int, float | None], None]
 
@@ -39,6 +46,7 @@ class Plan:
     cfg: RunConfig
     spec: ModelSpec
     device: torch.device
+    world_size: int = 1
 
 
 def _require(module: str, why: str) -> None:
@@ -48,24 +56,36 @@ def _require(module: str, why: str) -> None:
         raise UserError(f"{why} needs the '{module}' package, which is not installed (pip install {module})") from None
 
 
-def resolve_device(choice: str) -> torch.device:
+def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise invalid("device", choice, "no CUDA GPU is visible to PyTorch on this machine (use cpu or auto)")
-    return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cuda", local_rank)
 
 
-def preflight(cfg: RunConfig) -> Plan:
+def nproc_per_node(cfg: RunConfig, device: torch.device) -> int:
+    """Default: every visible GPU; one process on CPU."""
+    if cfg.nproc_per_node:
+        return cfg.nproc_per_node
+    return torch.cuda.device_count() if device.type == "cuda" else 1
+
+
+def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     """Every check that needs no weights. Raises UserError with one line naming the problem."""
     spec = resolve_model(cfg.model)
     if spec.max_positions and cfg.seq_len > spec.max_positions:
         raise invalid("seq_len", cfg.seq_len, f"above the model's maximum of {spec.max_positions} positions")
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, local_rank)
     if device.type == "cpu" and cfg.precision == "fp16":
         raise invalid("precision", "fp16", "fp16 training is not supported on the CPU (use bf16 or fp32)")
     if device.type == "cpu" and cfg.attn == "flash":
         raise invalid("attn", "flash", "flash attention needs a CUDA GPU (use sdpa)")
+    nproc = nproc_per_node(cfg, device)
+    if device.type == "cuda" and nproc > torch.cuda.device_count():
+        raise invalid("nproc_per_node", nproc, f"only {torch.cuda.device_count()} GPUs are visible on this node")
+    world = nproc * cfg.nnodes
+    check_strategy(cfg, world)
     if cfg.method == "qlora":
         _require("bitsandbytes", "method=qlora")
     if cfg.optimizer in BNB_OPTIMIZERS:
@@ -74,45 +94,7 @@ def preflight(cfg: RunConfig) -> Plan:
         _require("flash_attn", "attn=flash")
     if cfg.method != "full":
         check_targets(load_meta_model(spec, cfg), cfg.lora_targets)  # meta: no memory, no weights
-    return Plan(cfg, spec, device)
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The Hugging Face model inside a peft wrapper (or the model itself)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def _compile_blocks(hf: nn.Module, num_layers: int) -> None:
-    # Per block, as torchtitan does: one small graph reused L times, and checkpointing still applies.
-    for mod in hf.base_model.modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) == num_layers:
-            for block in mod:
-                block.compile()
-            return
-
-
-def _metrics(cfg: RunConfig, plan: Plan, loop: LoopResult, flops: FlopsPerToken | None,
-             gpu_name: str | None) -> TrainMetrics:
-    world = 1
-    m = TrainMetrics(world_size=world, losses=loop.losses,
-                     loss_first=loop.losses[0] if loop.losses else None,
-                     loss_last=loop.losses[-1] if loop.losses else None)
-    if loop.step_times and loop.wall_s > 0:
-        samples = len(loop.step_times) * cfg.batch_size * cfg.grad_accum * world
-        tokens = samples * cfg.seq_len
-        m.timed_steps, m.timed_tokens, m.wall_s = len(loop.step_times), tokens, loop.wall_s
-        m.tokens_per_s = tokens / loop.wall_s
-        m.tokens_per_s_per_gpu = m.tokens_per_s / world
-        m.samples_per_s = samples / loop.wall_s
-        m.samples_per_s_per_gpu = m.samples_per_s / world
-        m.step_time_s = StepTimes(**summarize(loop.step_times))
-    if flops:
-        m.flops_per_token, m.hfu_flops_per_token, m.flops_formula = flops.model, flops.hardware, flops.formula
-        m.peak_flops = peak_flops(gpu_name) if plan.device.type == "cuda" else None
-        if m.tokens_per_s_per_gpu:
-            m.mfu = utilization(flops.model, m.tokens_per_s_per_gpu, m.peak_flops)
-            m.hfu = utilization(flops.hardware, m.tokens_per_s_per_gpu, m.peak_flops)
-    return m
+    return Plan(cfg, spec, device, world)
 
 
 @dataclass
@@ -127,7 +109,7 @@ class _Outcome:
     params_trainable: int | None = None
 
 
-def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | None) -> None:
+def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | None, ctx: DistContext) -> None:
     # In its own frame so that the model and optimizer are freed as soon as it returns or raises.
     cfg, spec, device = plan.cfg, plan.spec, plan.device
     model, out.weights = build_model(spec, cfg, device)
@@ -135,30 +117,28 @@ def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | Non
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = apply_method(model, cfg)
     model.train()
-    hf = _unwrap(model)
-    backbone, head = hf.base_model, hf.get_output_embeddings()
+    head = unwrap(model).get_output_embeddings()
+    blocks = transformer_blocks(model, spec.num_layers)
     if cfg.compile:
-        _compile_blocks(hf, spec.num_layers)
-    params = [p for p in model.parameters() if p.requires_grad]
+        for block in blocks:  # per block, as torchtitan does: one small graph reused L times
+            block.compile()
     out.params_total = sum(p.numel() for p in model.parameters())
-    out.params_trainable = sum(p.numel() for p in params)
+    out.params_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    module = CausalLMWithLoss(model, spec.vocab_size)
+    ts = apply_strategy(module, blocks, cfg, device, ctx.world_size)
+    module.fuse_head = ts.fuse_head
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
-                                cfg.grad_ckpt, head_recompute=not is_fusable(head))
-    optimizer = build_optimizer(params, cfg)
-    data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed)
-
-    def loss_fn(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        hidden = backbone(input_ids=ids, use_cache=False).last_hidden_state
-        return causal_lm_loss(hidden, head, labels, spec.vocab_size)
-
-    step = make_step(loss_fn, params, optimizer, data, cfg, device)
+                                cfg.grad_ckpt, head_recompute=not (ts.fuse_head and is_fusable(head)))
+    data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
+    step = optimizer_step_fn(ts, data, cfg, device, ctx)
     out.setup_s = time.perf_counter() - started
-    out.loop = run_loop(step, cfg, device, progress)
+    out.loop = run_loop(step, cfg, device, progress if ctx.is_main else None, ctx)
 
 
-def execute(plan: Plan, progress: ProgressFn | None = None, started: float | None = None) -> ResultRecord:
-    """Run a preflighted plan. Never raises for failures inside the run: they become the status."""
-    cfg, spec, device = plan.cfg, plan.spec, plan.device
+def execute(plan: Plan, progress: ProgressFn | None = None, started: float | None = None,
+            ctx: DistContext = SINGLE, rank_file: Path | None = None) -> ResultRecord:
+    """Run a preflighted plan on this rank; every rank returns the same combined record."""
+    cfg, device = plan.cfg, plan.device
     started = time.perf_counter() if started is None else started
     env = environment(device)
     rec = ResultRecord(config=cfg.model_dump(), config_hash=cfg.config_hash(), environment=env, tags=cfg.tag)
@@ -166,21 +146,29 @@ def execute(plan: Plan, progress: ProgressFn | None = None, started: float | Non
     torch.manual_seed(cfg.seed)
     reset_peak(device)
     try:
-        _train(plan, out, started, progress)
+        _train(plan, out, started, progress, ctx)
         rec.status, rec.error = out.loop.status, out.loop.error
-    except torch.cuda.OutOfMemoryError as err:
-        rec.status, rec.error = "oom", str(err).splitlines()[0]
-    except MemoryError as err:
-        rec.status, rec.error = "oom", f"host out of memory: {err}"
-    except Exception:
-        rec.status, rec.error = "failed", traceback.format_exc(limit=-8)[-4000:]
-    rec.metrics = _metrics(cfg, plan, out.loop, out.flops, env["gpu"]["name"])
+    except Exception as err:
+        if ctx.world_size > 1:
+            raise  # let this rank die now: torchrun stops the others, the launcher records why
+        rec.status, rec.error = _failure(err)
+    mine = rank_summary(ctx, socket.gethostname(), out.loop, cfg, peak_memory(device))
+    if rank_file:  # this rank's figures survive even if another rank dies before the gather
+        rank_file.write_text(json.dumps(mine))
+    rec.metrics = combine_ranks(ctx.gather(mine), cfg, out.loop.losses, out.flops, env["gpu"]["name"], device)
     rec.metrics.setup_s, rec.metrics.weights = out.setup_s, out.weights
     rec.metrics.params_total, rec.metrics.params_trainable = out.params_total, out.params_trainable
-    for k, v in peak_memory(device).items():
-        setattr(rec.metrics, k, v)
+    rec.metrics.nnodes = ctx.nnodes
     _release(device)
     return rec
+
+
+def _failure(err: BaseException) -> tuple[str, str]:
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        return "oom", str(err).splitlines()[0]
+    if isinstance(err, MemoryError):
+        return "oom", f"host out of memory: {err}"
+    return "failed", traceback.format_exc(limit=-8)[-4000:]
 
 
 def _release(device: torch.device) -> None:
@@ -190,6 +178,9 @@ def _release(device: torch.device) -> None:
 
 
 def run(cfg: RunConfig, progress: ProgressFn | None = None) -> ResultRecord:
-    """The Python API: validate, run one benchmark, return its record (not stored; see Store.save)."""
+    """The Python API for one process (strategy single); distributed runs go through tunebench.launch."""
     started = time.perf_counter()
-    return execute(preflight(cfg), progress, started)
+    plan = preflight(cfg)
+    if cfg.distributed:
+        raise UserError("distributed runs start under torchrun: use tunebench.launch.torchrun.launch(cfg)")
+    return execute(plan, progress, started)

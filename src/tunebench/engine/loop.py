@@ -16,11 +16,11 @@ import torch
 
 from tunebench.config import RunConfig
 from tunebench.engine.data import SyntheticTokens
+from tunebench.launch.context import SINGLE, DistContext
 from tunebench.metrics.timer import StepTimer
+from tunebench.strategies import TrainStep
 
 LAG = 2  # steps between queuing a loss and reading it back on GPUs
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -39,19 +39,20 @@ def autocast(cfg: RunConfig, device: torch.device) -> contextlib.AbstractContext
     return torch.autocast(device.type, dtype=dtype)
 
 
-def make_step(loss_fn: LossFn, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
-              data: SyntheticTokens, cfg: RunConfig, device: torch.device) -> Callable[[], torch.Tensor]:
-    """One optimizer step over `grad_accum` micro-batches; returns the step's mean loss (on device)."""
+def torch_step(module: torch.nn.Module, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+               cfg: RunConfig, device: torch.device,
+               no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> TrainStep:
+    """The step of the PyTorch strategies (single, DDP, FSDP2); `no_sync` skips gradient reduction."""
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
 
-    def step() -> torch.Tensor:
-        total = torch.zeros((), device=device)
-        for _ in range(cfg.grad_accum):
-            ids, labels = data.next()
+    def micro(ids: torch.Tensor, labels: torch.Tensor, sync: bool) -> torch.Tensor:
+        with contextlib.nullcontext() if sync else no_sync():
             with autocast(cfg, device):
-                loss = loss_fn(ids, labels) / cfg.grad_accum
+                loss = module(ids, labels) / cfg.grad_accum
             (scaler.scale(loss) if scaler else loss).backward()
-            total += loss.detach().float()
+        return loss.detach().float()
+
+    def update() -> None:
         if scaler:
             scaler.unscale_(optimizer)
         if cfg.grad_clip > 0:
@@ -62,13 +63,27 @@ def make_step(loss_fn: LossFn, params: list[torch.nn.Parameter], optimizer: torc
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return total
+
+    return TrainStep(micro, update)
+
+
+def optimizer_step_fn(ts: TrainStep, data: SyntheticTokens, cfg: RunConfig, device: torch.device,
+                      ctx: DistContext = SINGLE) -> Callable[[], torch.Tensor]:
+    """One optimizer step over `grad_accum` micro-batches; returns the global mean loss (on device)."""
+
+    def step() -> torch.Tensor:
+        total = torch.zeros((), device=device)
+        for k in range(cfg.grad_accum):
+            ids, labels = data.next()
+            total += ts.micro(ids, labels, k == cfg.grad_accum - 1)
+        ts.update()
+        return ctx.mean(total)
 
     return step
 
 
 def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.device,
-             on_step: Callable[[int, float | None], None] | None = None) -> LoopResult:
+             on_step: Callable[[int, float | None], None] | None = None, ctx: DistContext = SINGLE) -> LoopResult:
     cuda = device.type == "cuda"
     lag = LAG if cuda else 0
     host = torch.zeros(cfg.steps, dtype=torch.float32, pin_memory=cuda)
@@ -91,6 +106,7 @@ def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.dev
 
     for i in range(cfg.steps):
         if i == cfg.warmup:
+            ctx.barrier()  # every rank starts the timed region together
             timer.start()
         loss = step()
         host[i].copy_(loss, non_blocking=cuda)

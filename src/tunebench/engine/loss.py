@@ -95,12 +95,13 @@ def is_fusable(head: nn.Module) -> bool:
     return type(head) is nn.Linear
 
 
-def causal_lm_loss(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def causal_lm_loss(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, vocab_size: int,
+                   fuse: bool = True) -> torch.Tensor:
     """Mean next-token cross-entropy; `labels` are already shifted (labels[i] follows input[i])."""
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
     n = chunk_tokens(vocab_size)
-    if is_fusable(head):
+    if fuse and is_fusable(head):
         total = _FusedLinearCrossEntropy.apply(h, head.weight, head.bias, y, n, _compute_dtype(h))
     else:
         total = sum(checkpoint(_chunk_loss, head, h[i:i + n], y[i:i + n], use_reentrant=False)

@@ -23,7 +23,8 @@ def run_table(rec: ResultRecord) -> Table:
     rows = [
         ("workload", f"{c['model']} {c['method']} {c['precision']}  batch {c['batch_size']} x accum "
                      f"{c['grad_accum']} x seq {c['seq_len']}  opt {c['optimizer']}  ckpt {c['grad_ckpt']}"),
-        ("device", f"{gpu} x {m.world_size}"),
+        ("device", f"{gpu} x {m.world_size}" + (f" on {m.nnodes} nodes" if m.nnodes > 1 else "")
+                   + f"  strategy {c.get('strategy', 'single')}"),
         ("tokens/s", f"{_fmt(m.tokens_per_s)}  ({_fmt(m.tokens_per_s_per_gpu)} per device)"),
         ("samples/s", _fmt(m.samples_per_s, ",.3f")),
         ("step time p50/p90/p99", "-" if not m.step_time_s else
@@ -39,6 +40,11 @@ def run_table(rec: ResultRecord) -> Table:
         ("setup", _fmt(m.setup_s, ".1f", unit=" s") + f"  (weights: {m.weights or '-'})"),
         ("loss first/last", f"{_fmt(m.loss_first, '.4f')} / {_fmt(m.loss_last, '.4f')}"),
     ]
+    if m.step_time_skew is not None and m.world_size > 1:
+        rows.append(("rank step-time skew", f"{m.step_time_skew:.1%}"))
+    if m.scaling:
+        rows.append(("scaling", f"speedup {m.scaling['speedup']:.2f}x, efficiency {m.scaling['efficiency']:.1%} "
+                                f"vs world size {m.scaling['baseline_world_size']}"))
     if rec.error:
         rows.append(("error", rec.error.strip().splitlines()[-1][:300]))
     for k, v in rows:
@@ -79,4 +85,22 @@ def compare_table(records: list[ResultRecord], title: str = "comparison") -> Tab
         t.add_row(f"{c['model']} {c['method']} b{c['batch_size']} s{c['seq_len']}", r.status, _fmt(m.tokens_per_s),
                   _fmt(m.samples_per_s, ",.2f"), "-" if not m.step_time_s else f"{m.step_time_s.p50 * 1e3:.1f}",
                   f"{_fmt(mem, '.2f', GIB, ' GiB')} ({label})", "-" if m.mfu is None else f"{m.mfu:.1%}", speed)
+    return t
+
+
+def scaling_table(records: list[ResultRecord]) -> Table:
+    """Speedup and scaling efficiency (tokens/s(N) / (N x tokens/s(1))) per world size."""
+    c = records[0].config if records else {}
+    t = Table(title=f"scaling: {c.get('model')} {c.get('method')} {c.get('strategy')}, batch {c.get('batch_size')} "
+                    f"x accum {c.get('grad_accum')} x seq {c.get('seq_len')} per GPU")
+    for col in ("world size", "status", "tokens/s", "per GPU", "step p50 ms", "peak alloc", "MFU", "speedup",
+                "efficiency"):
+        t.add_column(col)
+    for r in records:
+        m, s = r.metrics, r.metrics.scaling or {}
+        t.add_row(str(m.world_size), r.status, _fmt(m.tokens_per_s), _fmt(m.tokens_per_s_per_gpu),
+                  "-" if not m.step_time_s else f"{m.step_time_s.p50 * 1e3:.1f}",
+                  _fmt(m.peak_mem_allocated_bytes, ".2f", GIB, " GiB"), "-" if m.mfu is None else f"{m.mfu:.1%}",
+                  "-" if "speedup" not in s else f"{s['speedup']:.2f}x",
+                  "-" if "efficiency" not in s else f"{s['efficiency']:.1%}")
     return t

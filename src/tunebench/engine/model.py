@@ -1,0 +1,34 @@
+"""The model and its loss as one module, so DDP, FSDP and DeepSpeed each see a single forward."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tunebench.engine.loss import causal_lm_loss
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def transformer_blocks(model: nn.Module, num_layers: int) -> nn.ModuleList:
+    """The list of decoder blocks (Llama/Mistral `layers`, GPT-2 `h`), found by its length."""
+    for mod in unwrap(model).base_model.modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) == num_layers:
+            return mod
+    raise ValueError("no list of transformer blocks found in the model")
+
+
+class CausalLMWithLoss(nn.Module):
+    def __init__(self, model: nn.Module, vocab_size: int):
+        super().__init__()
+        self.model = model
+        self.vocab_size = vocab_size
+        self.fuse_head = True  # False where the head's weight is only gathered by its own forward (ZeRO-3)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hf = unwrap(self.model)
+        hidden = hf.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+        return causal_lm_loss(hidden, hf.get_output_embeddings(), labels, self.vocab_size, fuse=self.fuse_head)

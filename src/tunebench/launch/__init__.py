@@ -1,0 +1,1 @@
+"""Launching runs: in this process, or under torchrun (local GPUs, several nodes)."""

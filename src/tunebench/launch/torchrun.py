@@ -1,0 +1,131 @@
+"""Start a run under torchrun (torch.distributed.run, c10d rendezvous) and collect its record.
+
+tunebench does no process spawning or rank arithmetic of its own: torchrun starts the ranks
+(tunebench.launch.worker), restarts none of them, and ends all of them when one fails. If rank 0
+left no record, this launcher writes one with status failed (or oom), the failing rank's error and
+the figures of every rank that finished.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tunebench.config import RunConfig
+from tunebench.environment import environment
+from tunebench.metrics.aggregate import MEMORY
+from tunebench.record import ResultRecord, TrainMetrics
+from tunebench.runner import nproc_per_node, preflight
+from tunebench.store import Store
+
+
+def torchrun_argv(cfg: RunConfig, nproc: int, rundir: Path) -> list[str]:
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={cfg.nnodes}",
+            "--max-restarts=0", "--monitor-interval=0.5"]
+    if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
+        argv.append("--standalone")  # a free local port, no fixed address to collide on
+    else:
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={cfg.rdzv_endpoint}",
+                 f"--rdzv-id={cfg.rdzv_id or 'tunebench-' + cfg.config_hash()}", f"--node-rank={cfg.node_rank}",
+                 f"--rdzv-conf=join_timeout={int(cfg.timeout)},is_host={int(cfg.node_rank == 0)}"]
+    return argv + ["-m", "tunebench.launch.worker", str(rundir)]
+
+
+def _env(nproc: int, cpu: bool) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if cpu:  # share the cores between the ranks instead of oversubscribing them
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return env
+
+
+def launch(cfg: RunConfig, store: str | Path | None, sweep_id: str | None = None,
+           scaling_baseline: dict | None = None) -> ResultRecord | None:
+    """Run `cfg` under torchrun on this node. Returns the record, or None when rank 0 ran on another node."""
+    plan = preflight(cfg)  # bad input fails here, before any process starts
+    nproc = nproc_per_node(cfg, plan.device)
+    rundir = Path(tempfile.mkdtemp(prefix="tunebench-run-"))
+    try:
+        job = {"config": cfg.model_dump(), "store": str(store) if store else None, "sweep_id": sweep_id,
+               "scaling_baseline": scaling_baseline}
+        (rundir / "job.json").write_text(json.dumps(job))
+        code, tail = _run_torchrun(torchrun_argv(cfg, nproc, rundir), _env(nproc, plan.device.type == "cpu"))
+        result = rundir / "result.json"
+        if result.exists():
+            return ResultRecord.model_validate_json(result.read_text())
+        if code == 0 or cfg.node_rank != 0:
+            return None  # rank 0 ran on another node; on failure the first node's launcher records it, once
+        rec = failed_record(cfg, rundir, tail, plan.device, nproc * cfg.nnodes, sweep_id)
+        if store:
+            with Store(store) as s:
+                s.save(rec)
+        return rec
+    finally:
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def _run_torchrun(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    """Run torchrun, echoing its output to stderr; returns its exit code and last lines."""
+    tail: collections.deque[str] = collections.deque(maxlen=120)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, bufsize=1)
+    try:
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            tail.append(line)
+        proc.wait()
+    except BaseException:  # Ctrl-C or the caller's timeout: end torchrun and every rank with it
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc.returncode, list(tail)
+
+
+def root_cause(tail: list[str]) -> dict | None:
+    """torchrun's 'Root Cause (first observed failure)' block: which rank, its exit code, why."""
+    text = "".join(tail)
+    at = text.rfind("Root Cause")
+    if at < 0:
+        return None
+    block = text[at:]
+    rank = re.search(r"rank\s*:\s*(\d+)", block)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
+    why = re.search(r"traceback\s*:\s*(.+)", block)
+    if not rank:
+        return None
+    return {"rank": int(rank.group(1)), "exitcode": int(code.group(1)) if code else None,
+            "why": why.group(1).strip() if why else ""}
+
+
+def failed_record(cfg: RunConfig, rundir: Path, tail: list[str], device, world: int,
+                  sweep_id: str | None) -> ResultRecord:
+    errors = [json.loads(p.read_text()) for p in sorted(rundir.glob("error-rank-*.txt"))]
+    ranks = [json.loads(p.read_text()) for p in sorted(rundir.glob("rank-*.json"))]
+    cause = root_cause(tail)
+    by_rank = {e["rank"]: e for e in errors}
+    first = by_rank.get(cause["rank"]) if cause else None
+    first = first or (min(errors, key=lambda e: e["rank"]) if errors else None)
+    status = first["status"] if first else "failed"
+    head = (f"rank {cause['rank']} exited with code {cause['exitcode']}: {cause['why']}" if cause
+            else "torchrun ended without naming a failed rank")
+    if first:
+        error = f"{head}\nrank {first['rank']} reported:\n{first['error']}"
+    else:  # killed by a signal before writing anything: torchrun's output is all there is
+        error = f"{head}\n" + "".join(tail)[-3000:]
+    m = TrainMetrics(world_size=world, nnodes=cfg.nnodes, per_rank=[
+        {k: v for k, v in r.items() if k != "step_times"} for r in ranks] or None)
+    for k in MEMORY:
+        present = [r[k] for r in ranks if r.get(k) is not None]
+        setattr(m, k, max(present) if present else None)
+    return ResultRecord(config=cfg.model_dump(), config_hash=cfg.config_hash(), environment=environment(device),
+                        tags=cfg.tag, status=status, error=error, sweep_id=sweep_id, metrics=m)

@@ -1,0 +1,21 @@
+"""PyTorch DistributedDataParallel: full replicas, gradients all-reduced in 25 MB buckets."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tunebench.config import RunConfig
+from tunebench.engine.loop import torch_step
+from tunebench.engine.optim import build_optimizer
+from tunebench.strategies import TrainStep
+
+
+def apply_ddp(module: nn.Module, cfg: RunConfig, device: torch.device) -> TrainStep:
+    # init_sync=False: every rank built identical weights from the same seed (or the same files), so
+    # the start-up broadcast is not needed, and it would not carry bitsandbytes' 4-bit quant state.
+    ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                  bucket_cap_mb=25, gradient_as_bucket_view=True, init_sync=False)
+    params = [p for p in ddp.parameters() if p.requires_grad]
+    return torch_step(ddp, params, build_optimizer(params, cfg), cfg, device, no_sync=ddp.no_sync)

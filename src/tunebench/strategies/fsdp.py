@@ -1,0 +1,38 @@
+"""FSDP2: ``fully_shard`` on each transformer block, then on the root; bf16 compute, fp32 reduction."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from tunebench.config import RunConfig
+from tunebench.engine.loop import torch_step
+from tunebench.engine.optim import build_optimizer
+from tunebench.strategies import TrainStep
+
+COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def apply_fsdp(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device,
+               world_size: int) -> TrainStep:
+    mesh = init_device_mesh(device.type, (world_size,))
+    mp = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=torch.float32)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(module, mesh=mesh, mp_policy=mp)  # the root: embeddings, final norm, head
+
+    @contextlib.contextmanager
+    def no_sync() -> Iterator[None]:
+        module.set_requires_gradient_sync(False)  # accumulate unsharded grads, reduce-scatter once
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    return torch_step(module, params, build_optimizer(params, cfg), cfg, device, no_sync=no_sync)
