@@ -124,11 +124,12 @@ def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | Non
             block.compile()
     out.params_total = sum(p.numel() for p in model.parameters())
     out.params_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    module = CausalLMWithLoss(model, spec.vocab_size)
-    ts = apply_strategy(module, blocks, cfg, device, ctx.world_size)
-    module.fuse_head = ts.fuse_head
+    # Counted before the strategy shards anything (ZeRO-3 leaves empty partitions behind).
+    fuse_head = cfg.strategy != "zero3"  # under ZeRO-3 the head's weight is gathered only by its own forward
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
-                                cfg.grad_ckpt, head_recompute=not (ts.fuse_head and is_fusable(head)))
+                                cfg.grad_ckpt, head_recompute=not (fuse_head and is_fusable(head)))
+    module = CausalLMWithLoss(model, spec.vocab_size, fuse_head)
+    ts = apply_strategy(module, blocks, cfg, device, ctx.world_size)
     data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
     step = optimizer_step_fn(ts, data, cfg, device, ctx)
     out.setup_s = time.perf_counter() - started

@@ -22,11 +22,11 @@ def transformer_blocks(model: nn.Module, num_layers: int) -> nn.ModuleList:
 
 
 class CausalLMWithLoss(nn.Module):
-    def __init__(self, model: nn.Module, vocab_size: int):
+    def __init__(self, model: nn.Module, vocab_size: int, fuse_head: bool = True):
         super().__init__()
         self.model = model
         self.vocab_size = vocab_size
-        self.fuse_head = True  # False where the head's weight is only gathered by its own forward (ZeRO-3)
+        self.fuse_head = fuse_head  # False where the head's weight is only gathered by its own forward (ZeRO-3)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         hf = unwrap(self.model)

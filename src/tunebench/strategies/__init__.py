@@ -21,7 +21,6 @@ MicroFn = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
 class TrainStep:
     micro: MicroFn  # (input ids, labels, sync grads?) -> this micro-batch's loss / grad_accum, detached
     update: Callable[[], None]  # clip, optimizer step, zero grads (a no-op where micro does it all)
-    fuse_head: bool = True  # whether the loss may read the head's weight directly (not under ZeRO-3)
 
 
 # method x strategy: what works, and why the rest is refused (README has the same matrix).

@@ -48,5 +48,4 @@ def apply_zero(module: nn.Module, cfg: RunConfig, device: torch.device, world_si
         engine.step()  # steps the optimizer only at the accumulation boundary
         return loss.detach().float() / cfg.grad_accum
 
-    # Under ZeRO-3 the head's weight is gathered only by the head's own forward.
-    return TrainStep(micro, update=lambda: None, fuse_head=stage != 3)
+    return TrainStep(micro, update=lambda: None)
