@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_proof.sh scale8    # issue 3: tinygpt-124m, batch 8/GPU, 4 strategies at 1,2,4 GPUs
 #   bash benchmarks/gpu_proof.sh scale1x4  # issue 3: the seeds' config, batch 1 x accum 4, same grid
 #   bash benchmarks/gpu_proof.sh llama8b   # issue 3: llama-3-8b full fine-tune, FSDP2, 4 GPUs
+#   bash benchmarks/gpu_proof.sh sweeps    # issue 4: the diagnostic suite (mistral-7b QLoRA), then tunebench quick
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -39,6 +40,10 @@ scale8|scale1x4)
     tb run --model tinygpt-124m --method full --seq-len 2048 $shape --steps 20 --warmup 8 \
       --optimizer adamw_fused --strategy $s --gpus 1,2,4 --tag "gpu-proof-$1" 2>&1 | grep -v "step [0-9]*/"
   done
+  ;;
+sweeps)
+  tb sweep diagnostic --run-timeout 600
+  tb quick
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

@@ -49,7 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(e.g. 1,2,4; processes on CPU) and report speedup and efficiency")
     run.add_argument("--json", action="store_true", help="print the record as JSON on stdout")
     run.add_argument("--no-store", action="store_true", help="do not write the record to the store")
+    run.add_argument("--sweep-id", help=argparse.SUPPRESS)  # set by `tunebench sweep` for its child runs
+    run.add_argument("--record-id", help=argparse.SUPPRESS)
     _store_arg(run)
+
+    sw = sub.add_parser("sweep", help="run a suite of configurations, each in its own process, resumably")
+    sw.add_argument("suite", nargs="?", help="suite YAML file or built-in name (quick, full, diagnostic, scaling, "
+                                             "seed-qlora)")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every run")
+    sw.add_argument("--dry-run", action="store_true", help="print the expanded configurations and their count")
+    sw.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 1); the summary "
+                                                              "gives mean, std and CV")
+    sw.add_argument("--resume", metavar="SWEEP_ID", help="run only what this sweep has no ok result for")
+    sw.add_argument("--run-timeout", type=float, default=3600.0, help="seconds one configuration may take "
+                                                                      "(default 3600); then status timeout")
+    sw.add_argument("--json", action="store_true", help="print the sweep's records as JSON")
+    _store_arg(sw)
 
     quick = sub.add_parser("quick", help="a quick benchmark sized for this machine, with a comparison table")
     quick.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -84,7 +99,7 @@ def _sizes(text: str | None) -> list[int] | None:
 
 
 def run_one(cfg: RunConfig, store_path: str | Path | None, sweep_id: str | None = None,
-            scaling_baseline: dict | None = None):
+            scaling_baseline: dict | None = None, record_id: str | None = None):
     """One configuration: in this process, or under torchrun when it is distributed."""
     from tunebench.launch.torchrun import launch
     from tunebench.launch.worker import apply_scaling
@@ -93,11 +108,11 @@ def run_one(cfg: RunConfig, store_path: str | Path | None, sweep_id: str | None 
     from tunebench.store import Store
 
     if cfg.distributed:
-        return launch(cfg, store_path, sweep_id, scaling_baseline)
+        return launch(cfg, store_path, sweep_id, scaling_baseline, record_id)
     started = time.perf_counter()
     plan = preflight(cfg)
     with run_progress(cfg) as progress:
-        rec = execute(plan, progress, started)
+        rec = execute(plan, progress, started, record_id=record_id)
     rec.sweep_id = sweep_id
     apply_scaling(rec, scaling_baseline)
     if store_path:
@@ -135,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0 if all(r and r.status == "ok" for r in records) else 1
     if not cfg.distributed:
         preflight(cfg)  # all input checks happen before any model is built
-    rec = run_one(cfg, store_path)
+    rec = run_one(cfg, store_path, args.sweep_id, record_id=args.record_id)
     if rec is None:
         Console(stderr=True).print("rank 0 ran on another node: its record is in that node's store")
         return 0
@@ -146,6 +161,98 @@ def cmd_run(args: argparse.Namespace) -> int:
         if store_path:
             Console(stderr=True).print(f"stored {rec.id} in {store_path}")
     return 0 if rec.status == "ok" else 1
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tunebench.launch import sweep as sw
+    from tunebench.report.summary import print_table, sweep_table
+    from tunebench.runner import preflight
+    from tunebench.store import Store, default_store_path
+    from tunebench.suites import expand, load_suite, parse_sets
+
+    store_path = Path(args.store or default_store_path())
+    if args.resume:
+        with Store(store_path) as store:
+            name, entries, repeats = sw.registered_entries(store, args.resume)
+        sweep_id, repeats = args.resume, args.repeats or repeats
+    else:
+        if not args.suite:
+            raise UserError("give a suite (a YAML file or a built-in name) or --resume SWEEP_ID")
+        suite = load_suite(args.suite)
+        entries = expand(suite, parse_sets(args.set))
+        name, repeats = str(suite.get("name") or Path(args.suite).stem), args.repeats or 1
+        sweep_id = sw.new_sweep_id(name)
+    if repeats < 1:
+        raise UserError(f"invalid repeats={repeats}: must be at least 1")
+    if args.dry_run:
+        t = Table(title=f"suite {name}: {len(entries)} configurations x {repeats} repeats")
+        for col in ("#", "name", "model", "method", "strategy", "batch x accum x seq", "precision", "optimizer",
+                    "hash"):
+            t.add_column(col)
+        for i, e in enumerate(entries, 1):
+            c = e.config
+            t.add_row(str(i), e.name, c.model, c.method, c.strategy, f"{c.batch_size} x {c.grad_accum} x {c.seq_len}",
+                      c.precision, c.optimizer, c.config_hash())
+        print_table(t, Console(file=args.out))
+        if args.json:
+            print(json.dumps([{"name": e.name, "config": e.config.model_dump()} for e in entries], indent=2),
+                  file=args.out)
+        return 0
+    for e in entries:  # every configuration is checked before the first one runs
+        try:
+            preflight(e.config)
+        except UserError as err:
+            raise UserError(f"suite entry '{e.name}': {err}") from None
+    with Store(store_path) as store:
+        if not args.resume:
+            sw.register(store, sweep_id, name, entries, repeats)
+        todo = sw.pending(store, sweep_id, entries, repeats)
+    console = Console(stderr=True)
+    console.print(f"sweep {sweep_id}: {len(todo)} runs to do ({len(entries)} configurations x {repeats}), "
+                  f"results in {store_path}")
+    try:
+        _sweep_with_progress(todo, store_path, sweep_id, args.run_timeout, console)
+    except KeyboardInterrupt:
+        console.print(f"interrupted: finished runs are stored; continue with: tunebench sweep --resume {sweep_id}")
+        return 130
+    with Store(store_path) as store:
+        records = list(store.records(sweep_id=sweep_id))
+    if args.json:
+        print(json.dumps([json.loads(r.model_dump_json()) for r in records], indent=2), file=args.out)
+    else:
+        print_table(sweep_table(f"sweep {sweep_id} ({name})", entries, records), Console(file=args.out))
+    complete = sw.pending(Store(store_path), sweep_id, entries, repeats) == []
+    return 0 if complete else 1
+
+
+def _sweep_with_progress(todo: list, store_path: Path, sweep_id: str, timeout: float, console) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from tunebench.launch.sweep import run_sweep
+
+    def summary(rec) -> str:
+        tps = rec.metrics.tokens_per_s
+        return f"{rec.status}" + (f", {tps:,.0f} tokens/s" if tps else "")
+
+    if not console.is_terminal:
+        def start(i, a):
+            console.print(f"[{i + 1}/{len(todo)}] {a.entry.name} ...")
+
+        def done(i, a, rec):
+            console.print(f"[{i + 1}/{len(todo)}] {a.entry.name}: {summary(rec)}")
+
+        run_sweep(todo, store_path, sweep_id, timeout, on_done=done, on_start=start)
+        return
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), TextColumn("{task.fields[last]}"))
+    with Progress(*cols, console=console) as prog:
+        task = prog.add_task("sweep", total=len(todo), last="")
+        run_sweep(todo, store_path, sweep_id, timeout,
+                  on_start=lambda i, a: prog.update(task, description=f"[{i + 1}/{len(todo)}] {a.entry.name}"),
+                  on_done=lambda i, a, rec: prog.update(task, advance=1, last=f"last: {summary(rec)}"))
 
 
 def cmd_quick(args: argparse.Namespace) -> int:
@@ -209,7 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.out = sys.stdout  # results go here; anything libraries print (DeepSpeed logs) goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
-            return {"run": cmd_run, "quick": cmd_quick, "results": cmd_results}[args.command](args)
+            commands = {"run": cmd_run, "sweep": cmd_sweep, "quick": cmd_quick, "results": cmd_results}
+            return commands[args.command](args)
     except UserError as err:
         print(f"tunebench: error: {err}", file=sys.stderr)
         return 2

@@ -64,6 +64,8 @@ class RunConfig(BaseModel):
     timeout: float = Field(600.0, gt=0, description="collective timeout in seconds: a dead or stuck rank fails "
                                                     "the run after this")
     tag: list[str] = Field(default_factory=list, description="free-text labels stored with the record")
+    fault: str | None = Field(None, pattern=r"^(abort|hang|raise)@\d+$",
+                              description="testing the harness only: abort@STEP, hang@STEP or raise@STEP")
 
     @field_validator("lora_targets", "tag", mode="before")
     @classmethod

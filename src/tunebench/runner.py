@@ -137,12 +137,14 @@ def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | Non
 
 
 def execute(plan: Plan, progress: ProgressFn | None = None, started: float | None = None,
-            ctx: DistContext = SINGLE, rank_file: Path | None = None) -> ResultRecord:
+            ctx: DistContext = SINGLE, rank_file: Path | None = None, record_id: str | None = None) -> ResultRecord:
     """Run a preflighted plan on this rank; every rank returns the same combined record."""
     cfg, device = plan.cfg, plan.device
     started = time.perf_counter() if started is None else started
     env = environment(device)
     rec = ResultRecord(config=cfg.model_dump(), config_hash=cfg.config_hash(), environment=env, tags=cfg.tag)
+    if record_id:  # chosen by a sweep, so that the record is written once whoever writes it
+        rec.id = record_id
     out = _Outcome()
     torch.manual_seed(cfg.seed)
     reset_peak(device)

@@ -32,6 +32,12 @@ CREATE TABLE IF NOT EXISTS results (
     record TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS results_sweep ON results (sweep_id);
+CREATE TABLE IF NOT EXISTS sweeps (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    definition TEXT NOT NULL
+);
 CREATE INDEX IF NOT EXISTS results_hash ON results (config_hash);
 """
 
@@ -89,6 +95,23 @@ class Store:
         if len(rows) > 1:
             raise UserError(f"id prefix {id_prefix!r} matches several results; give more characters")
         return ResultRecord.model_validate(json.loads(rows[0][0]))
+
+    def save_sweep(self, sweep_id: str, name: str, created_at: str, definition: dict) -> None:
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO sweeps (id, name, created_at, definition) VALUES (?,?,?,?)",
+                              (sweep_id, name, created_at, json.dumps(definition)))
+
+    def sweep(self, sweep_id: str) -> dict:
+        row = self.conn.execute("SELECT definition FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+        if not row:
+            raise UserError(f"no sweep with id {sweep_id!r} in {self.path}")
+        return json.loads(row[0])
+
+    def ok_counts(self, sweep_id: str) -> dict[str, int]:
+        """How many ok results each configuration (by hash) has in a sweep."""
+        rows = self.conn.execute("SELECT config_hash, COUNT(*) FROM results WHERE sweep_id = ? AND status = 'ok' "
+                                 "GROUP BY config_hash", (sweep_id,))
+        return dict(rows.fetchall())
 
     def count(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -82,6 +84,16 @@ def optimizer_step_fn(ts: TrainStep, data: SyntheticTokens, cfg: RunConfig, devi
     return step
 
 
+def inject_fault(kind: str, step: int) -> None:
+    """Testing the harness only (config key `fault`): die, hang or raise at a given step."""
+    if kind == "abort":
+        os.abort()  # a hard crash: no exception handler runs, no record is written by this process
+    if kind == "hang":
+        while True:
+            time.sleep(60)
+    raise RuntimeError(f"injected fault at step {step}")
+
+
 def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.device,
              on_step: Callable[[int, float | None], None] | None = None, ctx: DistContext = SINGLE) -> LoopResult:
     cuda = device.type == "cuda"
@@ -104,7 +116,10 @@ def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.dev
             return False
         return True
 
+    fault_kind, _, fault_step = (cfg.fault or "").partition("@")
     for i in range(cfg.steps):
+        if fault_kind and i == int(fault_step):
+            inject_fault(fault_kind, i)
         if i == cfg.warmup:
             ctx.barrier()  # every rank starts the timed region together
             timer.start()

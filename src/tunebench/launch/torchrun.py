@@ -9,6 +9,7 @@ the figures of every rank that finished.
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import os
 import re
@@ -47,14 +48,14 @@ def _env(nproc: int, cpu: bool) -> dict[str, str]:
 
 
 def launch(cfg: RunConfig, store: str | Path | None, sweep_id: str | None = None,
-           scaling_baseline: dict | None = None) -> ResultRecord | None:
+           scaling_baseline: dict | None = None, record_id: str | None = None) -> ResultRecord | None:
     """Run `cfg` under torchrun on this node. Returns the record, or None when rank 0 ran on another node."""
     plan = preflight(cfg)  # bad input fails here, before any process starts
     nproc = nproc_per_node(cfg, plan.device)
     rundir = Path(tempfile.mkdtemp(prefix="tunebench-run-"))
     try:
         job = {"config": cfg.model_dump(), "store": str(store) if store else None, "sweep_id": sweep_id,
-               "scaling_baseline": scaling_baseline}
+               "scaling_baseline": scaling_baseline, "record_id": record_id}
         (rundir / "job.json").write_text(json.dumps(job))
         code, tail = _run_torchrun(torchrun_argv(cfg, nproc, rundir), _env(nproc, plan.device.type == "cpu"))
         result = rundir / "result.json"
@@ -63,6 +64,8 @@ def launch(cfg: RunConfig, store: str | Path | None, sweep_id: str | None = None
         if code == 0 or cfg.node_rank != 0:
             return None  # rank 0 ran on another node; on failure the first node's launcher records it, once
         rec = failed_record(cfg, rundir, tail, plan.device, nproc * cfg.nnodes, sweep_id)
+        if record_id:
+            rec.id = record_id
         if store:
             with Store(store) as s:
                 s.save(rec)
@@ -71,11 +74,19 @@ def launch(cfg: RunConfig, store: str | Path | None, sweep_id: str | None = None
         shutil.rmtree(rundir, ignore_errors=True)
 
 
+def die_with_parent() -> None:
+    """In a child, before exec: get SIGKILL if this process dies, so no run outlives a killed sweep."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: children may outlive a killed parent
+        pass
+
+
 def _run_torchrun(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
     """Run torchrun, echoing its output to stderr; returns its exit code and last lines."""
     tail: collections.deque[str] = collections.deque(maxlen=120)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, bufsize=1)
+                            start_new_session=True, bufsize=1, preexec_fn=die_with_parent)
     try:
         for line in proc.stdout:
             sys.stderr.write(line)

@@ -55,7 +55,8 @@ def main(rundir: Path) -> None:
     init_process_group(ctx, plan.device, cfg.timeout)
     try:
         with run_progress(cfg) as progress:
-            rec = execute(plan, progress, started, ctx, rank_file=rundir / f"rank-{ctx.rank}.json")
+            rec = execute(plan, progress, started, ctx, rank_file=rundir / f"rank-{ctx.rank}.json",
+                          record_id=job.get("record_id"))
     except BaseException as err:
         status = "oom" if isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) else "failed"
         write_atomic(rundir / f"error-rank-{ctx.rank}.txt",

@@ -104,3 +104,33 @@ def scaling_table(records: list[ResultRecord]) -> Table:
                   "-" if "speedup" not in s else f"{s['speedup']:.2f}x",
                   "-" if "efficiency" not in s else f"{s['efficiency']:.1%}")
     return t
+
+
+def sweep_table(title: str, entries: list, records: list[ResultRecord], cv_limit: float = 0.02) -> Table:
+    """One row per configuration: statuses of its attempts, mean/std/CV of tokens/s, memory, vs the first."""
+    import statistics
+
+    t = Table(title=title)
+    for col in ("#", "configuration", "status", "tokens/s mean", "std", "CV", "samples/s", "peak alloc", "MFU",
+                "vs first"):
+        t.add_column(col)
+    base = None
+    for i, e in enumerate(entries, 1):
+        mine = [r for r in records if r.config_hash == e.config.config_hash()]
+        ok = [r.metrics for r in mine if r.status == "ok" and r.metrics.tokens_per_s]
+        statuses = ", ".join(sorted({r.status for r in mine})) or "not run"
+        if not ok:
+            t.add_row(str(i), e.name, statuses, "-", "-", "-", "-", "-", "-", "-")
+            continue
+        tps = [m.tokens_per_s for m in ok]
+        mean = statistics.fmean(tps)
+        std = statistics.stdev(tps) if len(tps) > 1 else None
+        cv = std / mean if std is not None else None
+        base = base or mean
+        cv_text = "-" if cv is None else f"{cv:.1%}" + (" (!)" if cv > cv_limit else "")
+        mem = max((m.peak_mem_allocated_bytes or 0) for m in ok) or None
+        mfu = [m.mfu for m in ok if m.mfu is not None]
+        t.add_row(str(i), e.name, f"{statuses} ({len(ok)}/{len(mine)} ok)", _fmt(mean), _fmt(std), cv_text,
+                  _fmt(statistics.fmean(m.samples_per_s for m in ok), ",.3f"), _fmt(mem, ".2f", GIB, " GiB"),
+                  "-" if not mfu else f"{statistics.fmean(mfu):.1%}", f"{mean / base:.2f}x")
+    return t
