@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_proof.sh scale1x4  # issue 3: the seeds' config, batch 1 x accum 4, same grid
 #   bash benchmarks/gpu_proof.sh llama8b   # issue 3: llama-3-8b full fine-tune, FSDP2, 4 GPUs
 #   bash benchmarks/gpu_proof.sh sweeps    # issue 4: the diagnostic suite (mistral-7b QLoRA), then tunebench quick
+#   bash benchmarks/gpu_proof.sh consistency  # issue 4: the seeds' optimised QLoRA config on each local GPU
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -44,6 +45,10 @@ scale8|scale1x4)
 sweeps)
   tb sweep diagnostic --run-timeout 600
   tb quick
+  ;;
+consistency)
+  tb consistency --model mistral-7b --method qlora --seq-len 512 --batch-size 8 --grad-ckpt \
+    --optimizer paged_adamw_8bit --lora-rank 16 --lora-alpha 32 --steps 20 --warmup 8
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

@@ -59,7 +59,9 @@ def gpu_info(device: torch.device) -> dict:
         return {"name": None, "count": 0, "memory_bytes": None, "capability": None}
     props = torch.cuda.get_device_properties(device)
     return {"name": props.name, "count": torch.cuda.device_count(), "memory_bytes": props.total_memory,
-            "capability": f"{props.major}.{props.minor}"}
+            "capability": f"{props.major}.{props.minor}", "index": device.index,
+            "uuid": str(getattr(props, "uuid", "")) or None,
+            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 def environment(device: torch.device) -> dict:

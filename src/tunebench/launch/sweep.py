@@ -70,7 +70,8 @@ def _tail(stream, keep: collections.deque) -> None:
         keep.append(line)
 
 
-def run_isolated(cfg: RunConfig, store_path: Path, sweep_id: str, timeout: float) -> ResultRecord:
+def run_isolated(cfg: RunConfig, store_path: Path, sweep_id: str, timeout: float,
+                 env: dict[str, str] | None = None) -> ResultRecord:
     """One attempt in a child process group; the record is stored exactly once, whoever writes it."""
     record_id = uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="tunebench-sweep-") as tmp:
@@ -79,7 +80,7 @@ def run_isolated(cfg: RunConfig, store_path: Path, sweep_id: str, timeout: float
         cmd = [sys.executable, "-m", "tunebench.cli", "run", str(cfg_file), "--json", "--store", str(store_path),
                "--sweep-id", sweep_id, "--record-id", record_id]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, preexec_fn=die_with_parent)
+                                start_new_session=True, preexec_fn=die_with_parent, env=os.environ | (env or {}))
         err_tail: collections.deque[str] = collections.deque(maxlen=60)
         out_lines: list[str] = []
         readers = [threading.Thread(target=_tail, args=(proc.stderr, err_tail), daemon=True),

@@ -1,0 +1,79 @@
+"""Node-to-node / GPU-to-GPU consistency: the same configuration's spread against the seeds' bars.
+
+The seeds accept ±5% throughput and ±2% memory between nodes. Each run is compared with the median
+of all runs; a run outside a bar is an outlier, shown with its clocks, temperature and throttle
+reasons where the record has telemetry.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from rich.table import Table
+
+from tunebench.record import ResultRecord
+
+THROUGHPUT_BAR = 0.05
+MEMORY_BAR = 0.02
+GIB = 1024**3
+
+
+@dataclass
+class Consistency:
+    records: list[ResultRecord]
+    tps_dev: list[float]  # (x - median) / median per record
+    mem_dev: list[float | None]
+    tps_spread: float  # (max - min) / mean
+    mem_spread: float | None
+
+    @property
+    def ok(self) -> bool:
+        mem_ok = all(d is None or abs(d) <= MEMORY_BAR for d in self.mem_dev)
+        return all(abs(d) <= THROUGHPUT_BAR for d in self.tps_dev) and mem_ok
+
+
+def _mem(r: ResultRecord) -> int | None:
+    m = r.metrics
+    return m.peak_mem_allocated_bytes if m.peak_mem_allocated_bytes is not None else m.peak_rss_bytes
+
+
+def analyse(records: list[ResultRecord]) -> Consistency:
+    tps = [r.metrics.tokens_per_s for r in records]
+    med = statistics.median(tps)
+    mems = [_mem(r) for r in records]
+    known = [m for m in mems if m]
+    mem_med = statistics.median(known) if known else None
+    return Consistency(
+        records=records,
+        tps_dev=[(x - med) / med for x in tps],
+        mem_dev=[None if not m or not mem_med else (m - mem_med) / mem_med for m in mems],
+        tps_spread=(max(tps) - min(tps)) / statistics.fmean(tps),
+        mem_spread=(max(known) - min(known)) / statistics.fmean(known) if known else None,
+    )
+
+
+def device_label(r: ResultRecord) -> str:
+    env = r.environment
+    gpu = env.get("gpu", {})
+    where = env.get("host", {}).get("hostname", "?")
+    if gpu.get("name"):
+        return f"{where} GPU {gpu.get('visible_devices') or gpu.get('index')} ({gpu['name']})"
+    return f"{where} cpu"
+
+
+def table(c: Consistency) -> Table:
+    t = Table(title=f"consistency of {len(c.records)} runs: throughput spread {c.tps_spread:.1%} (bar ±5%), "
+                    f"memory spread {'-' if c.mem_spread is None else f'{c.mem_spread:.1%}'} (bar ±2%)")
+    for col in ("device", "tokens/s", "vs median", "peak memory", "vs median", "verdict", "telemetry"):
+        t.add_column(col)
+    for r, dt, dm in zip(c.records, c.tps_dev, c.mem_dev):
+        out = abs(dt) > THROUGHPUT_BAR or (dm is not None and abs(dm) > MEMORY_BAR)
+        tel = r.metrics.model_extra.get("telemetry") if r.metrics.model_extra else None
+        tel_text = "-" if not tel else ", ".join(f"{k} {v}" for k, v in tel.items()
+                                                 if k in ("sm_clock_mhz", "temperature_c", "throttle_reasons"))
+        mem = _mem(r)
+        t.add_row(device_label(r), f"{r.metrics.tokens_per_s:,.1f}", f"{dt:+.1%}",
+                  "-" if mem is None else f"{mem / GIB:.2f} GiB", "-" if dm is None else f"{dm:+.1%}",
+                  "OUTLIER" if out else "ok", tel_text if out else "")
+    return t
