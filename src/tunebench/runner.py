@@ -65,10 +65,10 @@ def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
 
 
 def nproc_per_node(cfg: RunConfig, device: torch.device) -> int:
-    """Default: every visible GPU; one process on CPU."""
+    """Default: every visible GPU for a distributed strategy; one process for single and on CPU."""
     if cfg.nproc_per_node:
         return cfg.nproc_per_node
-    return torch.cuda.device_count() if device.type == "cuda" else 1
+    return torch.cuda.device_count() if device.type == "cuda" and cfg.strategy != "single" else 1
 
 
 def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
