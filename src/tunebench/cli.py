@@ -75,6 +75,29 @@ def build_parser() -> argparse.ArgumentParser:
     con.add_argument("--run-timeout", type=float, default=3600.0)
     _store_arg(con)
 
+    rep = sub.add_parser("report", help="report.md, report.html, plots, CSV and Parquet from the results store")
+    pick = rep.add_mutually_exclusive_group()
+    pick.add_argument("--sweep", help="one sweep's results")
+    pick.add_argument("--all", action="store_true", help="every result in the store (the default)")
+    rep.add_argument("--out", default="tunebench-report", help="output folder (default ./tunebench-report)")
+    rep.add_argument("--prices", help="price sheet YAML replacing the shipped one")
+    rep.add_argument("--job-samples", type=int, default=10_000, help="job size for time and cost (default 10,000)")
+    rep.add_argument("--title", help="report title")
+    rep.add_argument("--publish", action="store_true", help="also one Markdown file per configuration (publish/)")
+    _store_arg(rep)
+
+    cost = sub.add_parser("cost", help="cost of one stored result for a job of N samples")
+    cost.add_argument("id", help="result id or unique prefix")
+    cost.add_argument("--samples", type=int, default=10_000)
+    cost.add_argument("--prices", help="price sheet YAML replacing the shipped one")
+    _store_arg(cost)
+
+    cmp_ = sub.add_parser("compare", help="compare two sweeps, stores (.db) or exported files (.jsonl)")
+    cmp_.add_argument("a", help="the reference")
+    cmp_.add_argument("b", help="the candidate")
+    cmp_.add_argument("--threshold", type=float, default=0.05, help="flag changes beyond this fraction (0.05)")
+    _store_arg(cmp_)
+
     quick = sub.add_parser("quick", help="a quick benchmark sized for this machine, with a comparison table")
     quick.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     _store_arg(quick)
@@ -153,9 +176,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "tokens_per_s": base.metrics.tokens_per_s} if base else {"self": True}
             records.append(run_one(c, store_path, scaling_baseline=baseline))
         if args.json:
-            print(json.dumps([json.loads(r.model_dump_json()) for r in records if r], indent=2), file=args.out)
+            print(json.dumps([json.loads(r.model_dump_json()) for r in records if r], indent=2), file=args.stdout)
         else:
-            print_table(scaling_table([r for r in records if r]), Console(file=args.out))
+            print_table(scaling_table([r for r in records if r]), Console(file=args.stdout))
         return 0 if all(r and r.status == "ok" for r in records) else 1
     if not cfg.distributed:
         preflight(cfg)  # all input checks happen before any model is built
@@ -164,9 +187,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         Console(stderr=True).print("rank 0 ran on another node: its record is in that node's store")
         return 0
     if args.json:
-        print(rec.model_dump_json(indent=2), file=args.out)
+        print(rec.model_dump_json(indent=2), file=args.stdout)
     else:
-        print_table(run_table(rec), Console(file=args.out))
+        print_table(run_table(rec), Console(file=args.stdout))
         if store_path:
             Console(stderr=True).print(f"stored {rec.id} in {store_path}")
     return 0 if rec.status == "ok" else 1
@@ -205,10 +228,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             c = e.config
             t.add_row(str(i), e.name, c.model, c.method, c.strategy, f"{c.batch_size} x {c.grad_accum} x {c.seq_len}",
                       c.precision, c.optimizer, c.config_hash())
-        print_table(t, Console(file=args.out))
+        print_table(t, Console(file=args.stdout))
         if args.json:
             print(json.dumps([{"name": e.name, "config": e.config.model_dump()} for e in entries], indent=2),
-                  file=args.out)
+                  file=args.stdout)
         return 0
     for e in entries:  # every configuration is checked before the first one runs
         try:
@@ -230,9 +253,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     with Store(store_path) as store:
         records = list(store.records(sweep_id=sweep_id))
     if args.json:
-        print(json.dumps([json.loads(r.model_dump_json()) for r in records], indent=2), file=args.out)
+        print(json.dumps([json.loads(r.model_dump_json()) for r in records], indent=2), file=args.stdout)
     else:
-        print_table(sweep_table(f"sweep {sweep_id} ({name})", entries, records), Console(file=args.out))
+        print_table(sweep_table(f"sweep {sweep_id} ({name})", entries, records), Console(file=args.stdout))
     complete = sw.pending(Store(store_path), sweep_id, entries, repeats) == []
     return 0 if complete else 1
 
@@ -305,8 +328,94 @@ def cmd_consistency(args: argparse.Namespace) -> int:
     if len(recs) < 2:
         raise UserError(f"consistency needs at least 2 ok runs of one configuration, found {len(recs)}")
     result = cons.analyse(recs)
-    print_table(cons.table(result), Console(file=args.out))
+    print_table(cons.table(result), Console(file=args.stdout))
     return 0 if result.ok else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from tunebench.launch.sweep import registered_entries
+    from tunebench.report.build import write_report
+    from tunebench.report.cost import load_prices
+    from tunebench.report.publish import publish
+    from tunebench.store import Store
+
+    prices = load_prices(args.prices)
+    if args.job_samples < 1:
+        raise UserError(f"invalid job_samples={args.job_samples}: must be positive")
+    with Store(args.store) as store:
+        records = list(store.records(sweep_id=args.sweep))
+        names = {}
+        if args.sweep:
+            _, entries, _ = registered_entries(store, args.sweep)
+            names = {e.config.config_hash(): e.name for e in entries}
+    if not records:
+        raise UserError("no results to report" + (f" for sweep {args.sweep}" if args.sweep else ""))
+    out = Path(args.out)
+    title = args.title or (f"tunebench report: sweep {args.sweep}" if args.sweep else "tunebench report")
+    files = write_report(records, out, prices, title, names, args.job_samples)
+    if args.publish:
+        (out / "publish").mkdir(exist_ok=True)
+        for r in records:
+            publish(r, out / "publish", names.get(r.config_hash))
+    Console(stderr=True).print(f"wrote {len(files)} files to {out}/ ({len(records)} results): "
+                               + ", ".join(p.name for p in files if p.is_file()))
+    print(out / "report.html", file=args.stdout)
+    return 0
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tunebench.report.cost import cost_of, load_prices, offerings_for
+    from tunebench.report.summary import print_table
+    from tunebench.store import Store
+
+    with Store(args.store) as store:
+        rec = store.get(args.id)
+    if rec.status != "ok" or not rec.metrics.tokens_per_s:
+        raise UserError(f"result {rec.id[:12]} has status {rec.status} and no throughput to cost")
+    gpu = rec.environment.get("gpu", {}).get("name")
+    offers = offerings_for(gpu, load_prices(args.prices))
+    if not offers:
+        raise UserError(f"no offering in the price sheet matches {gpu or 'a CPU run'}; pass --prices FILE")
+    t = Table(title=f"{rec.id[:12]}: {rec.config['model']} {rec.config['method']} on {rec.metrics.world_size} x {gpu}, "
+                    f"{rec.metrics.samples_per_s:,.3f} samples/s, job of {args.samples:,} samples")
+    for col in ("offering", "pricing", "$/hour", "$/1K samples", "$/1M tokens", "tokens per $", "job time", "job cost",
+                "source"):
+        t.add_column(col)
+    for o in offers:
+        for spot in (False, True):
+            c = cost_of(rec, o, spot, args.samples)
+            if c:
+                t.add_row(o.provider, "spot" if spot else "on-demand", f"${c.dollars_per_hour:.2f}",
+                          f"${c.per_1k_samples:.4f}", f"${c.per_1m_tokens:.3f}", f"{c.tokens_per_dollar:,.0f}",
+                          f"{c.job_hours:.2f} h", f"${c.job_cost:.2f}", f"{o.source} ({o.date})")
+    print_table(t, Console(file=args.stdout))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tunebench.report.compare import compare, load_side
+    from tunebench.report.summary import print_table
+
+    rows, only = compare(load_side(args.a, args.store), load_side(args.b, args.store), args.threshold)
+    if not rows:
+        raise UserError("the two sides have no configuration in common")
+    t = Table(title=f"B = {args.b} against A = {args.a} (threshold {args.threshold:.0%})")
+    for col in ("configuration", "tokens/s B/A", "peak memory B/A", "MFU B/A", "flags"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.name, *("-" if v is None else f"{v:.3f}" for v in r.ratios.values()),
+                  ("REGRESSION: " if r.regression else "") + ", ".join(r.flags))
+    print_table(t, Console(file=args.stdout))
+    print("; ".join(only), file=args.stdout)
+    return 1 if any(r.regression for r in rows) else 0
 
 
 def cmd_quick(args: argparse.Namespace) -> int:
@@ -325,7 +434,7 @@ def cmd_quick(args: argparse.Namespace) -> int:
     for i, c in enumerate(configs, 1):
         Console(stderr=True).print(f"{i}/{len(configs)}: {c.model} {c.method} batch {c.batch_size} seq {c.seq_len}")
         records.append(run_one(c, store_path))  # each stored as it finishes, not at the end
-    print_table(compare_table(records, "tunebench quick"), Console(file=args.out))
+    print_table(compare_table(records, "tunebench quick"), Console(file=args.stdout))
     Console(stderr=True).print(f"stored {len(records)} results in {store_path}; see them with: tunebench results list")
     return 0 if all(r.status == "ok" for r in records) else 1
 
@@ -338,15 +447,15 @@ def cmd_results(args: argparse.Namespace) -> int:
     from tunebench.store import Store
 
     if args.action == "schema":
-        print(json.dumps(json_schema(), indent=2), file=args.out)
+        print(json.dumps(json_schema(), indent=2), file=args.stdout)
         return 0
     with Store(args.store) as store:
         if args.action == "list":
-            print_table(list_table(list(store.records(args.kind, args.sweep))), Console(file=args.out))
+            print_table(list_table(list(store.records(args.kind, args.sweep))), Console(file=args.stdout))
         elif args.action == "show":
-            print(store.get(args.id).model_dump_json(indent=2), file=args.out)
+            print(store.get(args.id).model_dump_json(indent=2), file=args.stdout)
         elif args.action == "export":
-            out = open(args.output, "w", newline="") if args.output else args.out
+            out = open(args.output, "w", newline="") if args.output else args.stdout
             try:
                 recs = list(store.records())
                 if args.format == "jsonl":
@@ -368,10 +477,10 @@ def cmd_results(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        args.out = sys.stdout  # results go here; anything libraries print (DeepSpeed logs) goes to stderr
+        args.stdout = sys.stdout  # results go here; anything libraries print (DeepSpeed logs) goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
             commands = {"run": cmd_run, "sweep": cmd_sweep, "consistency": cmd_consistency, "quick": cmd_quick,
-                        "results": cmd_results}
+                        "report": cmd_report, "cost": cmd_cost, "compare": cmd_compare, "results": cmd_results}
             return commands[args.command](args)
     except UserError as err:
         print(f"tunebench: error: {err}", file=sys.stderr)

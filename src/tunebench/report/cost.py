@@ -1,0 +1,84 @@
+"""Cost from throughput and a price sheet: $/1K samples, $/1M tokens, tokens per $, and a job's time and cost.
+
+A run on N GPUs costs N x the per-GPU price; its throughput is the global figure, so the same
+formulas hold for one GPU and for the measured multi-GPU runs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from tunebench.errors import UserError
+from tunebench.record import ResultRecord
+
+DEFAULT_JOB_SAMPLES = 10_000
+
+
+@dataclass(frozen=True)
+class Offering:
+    name: str
+    gpu: str  # pattern searched in the GPU's name
+    provider: str
+    on_demand: float | None
+    spot: float | None
+    source: str
+    date: str
+
+
+def load_prices(path: str | Path | None = None) -> list[Offering]:
+    try:
+        text = Path(path).read_text() if path else resources.files("tunebench").joinpath("prices.yaml").read_text()
+        data = yaml.safe_load(text)
+        return [Offering(o["name"], str(o["gpu"]), o.get("provider", o["name"]), o.get("on_demand"), o.get("spot"),
+                         str(o.get("source", "")), str(o.get("date", ""))) for o in data["offerings"]]
+    except FileNotFoundError:
+        raise UserError(f"price sheet {path} does not exist") from None
+    except (yaml.YAMLError, KeyError, TypeError) as err:
+        raise UserError(f"price sheet {path or 'prices.yaml'} is malformed: {err}") from None
+
+
+def offerings_for(gpu_name: str | None, prices: list[Offering]) -> list[Offering]:
+    if not gpu_name:
+        return []
+    return [o for o in prices if re.search(o.gpu, gpu_name, re.IGNORECASE)]
+
+
+@dataclass(frozen=True)
+class Cost:
+    offering: Offering
+    spot: bool
+    gpus: int
+    dollars_per_hour: float  # all GPUs of the run
+    per_1k_samples: float
+    per_1m_tokens: float
+    tokens_per_dollar: float
+    job_samples: int
+    job_hours: float
+    job_cost: float
+
+
+def cost_of(rec: ResultRecord, offering: Offering, spot: bool = False,
+            job_samples: int = DEFAULT_JOB_SAMPLES) -> Cost | None:
+    m = rec.metrics
+    price = offering.spot if spot else offering.on_demand
+    if price is None or not m.tokens_per_s or not m.samples_per_s:
+        return None
+    hourly = price * m.world_size
+    job_hours = job_samples / m.samples_per_s / 3600
+    return Cost(offering, spot, m.world_size, hourly,
+                per_1k_samples=hourly / (m.samples_per_s * 3600) * 1000,
+                per_1m_tokens=hourly / (m.tokens_per_s * 3600) * 1e6,
+                tokens_per_dollar=m.tokens_per_s * 3600 / hourly,
+                job_samples=job_samples, job_hours=job_hours, job_cost=job_hours * hourly)
+
+
+def cheapest(rec: ResultRecord, prices: list[Offering], spot: bool = False,
+             job_samples: int = DEFAULT_JOB_SAMPLES) -> Cost | None:
+    gpu = rec.environment.get("gpu", {}).get("name")
+    costs = [c for o in offerings_for(gpu, prices) if (c := cost_of(rec, o, spot, job_samples))]
+    return min(costs, key=lambda c: c.dollars_per_hour) if costs else None
