@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(e.g. 1,2,4; processes on CPU) and report speedup and efficiency")
     run.add_argument("--json", action="store_true", help="print the record as JSON on stdout")
     run.add_argument("--no-store", action="store_true", help="do not write the record to the store")
+    run.add_argument("--print-result", action="store_true", help="also print the record between markers "
+                                                                 "(for logs: tunebench collect reads them)")
     run.add_argument("--sweep-id", help=argparse.SUPPRESS)  # set by `tunebench sweep` for its child runs
     run.add_argument("--record-id", help=argparse.SUPPRESS)
     _store_arg(run)
@@ -74,6 +76,36 @@ def build_parser() -> argparse.ArgumentParser:
     con.add_argument("--with-tag", dest="with_tag", help="compare the stored ok runs with this tag instead of running")
     con.add_argument("--run-timeout", type=float, default=3600.0)
     _store_arg(con)
+
+    dep = sub.add_parser("deploy", help="Kubernetes manifests or a Slurm script running tunebench: "
+                                        "tunebench deploy k8s|slurm [options] -- run <args>")
+    dsub = dep.add_subparsers(dest="target", required=True, parser_class=_Parser)
+    k8s = dsub.add_parser("k8s", help="JobSet (default), Indexed Job + headless Service, or Kubeflow TrainJob")
+    k8s.add_argument("--name", required=True)
+    k8s.add_argument("--image", required=True)
+    k8s.add_argument("--kind", choices=("jobset", "indexed-job", "trainjob"), default="jobset")
+    k8s.add_argument("--namespace")
+    k8s.add_argument("--pvc", help="PersistentVolumeClaim holding the results store (mounted at /results)")
+    k8s.add_argument("--fabric", choices=("ethernet", "infiniband"), default="ethernet")
+    k8s.add_argument("--host-network", action="store_true")
+    k8s.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE")
+    k8s.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE]:EFFECT")
+    k8s.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME")
+    k8s.add_argument("--shm-size", default="16Gi")
+    k8s.add_argument("--max-restarts", type=int, default=0, help="JobSet failurePolicy restarts")
+    slurm = dsub.add_parser("slurm", help="an sbatch script with srun + tunebench (torchrun inside)")
+    slurm.add_argument("--job-name", default="tunebench")
+    slurm.add_argument("--partition")
+    slurm.add_argument("--time")
+    slurm.add_argument("--store", help="results store path on the cluster's shared file system")
+    for p in (k8s, slurm):
+        p.add_argument("--nodes", type=int, default=1)
+        p.add_argument("--gpus-per-node", type=int, default=1)
+        p.add_argument("-o", "--output", help="write here instead of stdout")
+
+    col = sub.add_parser("collect", help="read marked result records from logs (files or -) into the store")
+    col.add_argument("files", nargs="+", help="log files, or - for standard input")
+    _store_arg(col)
 
     rep = sub.add_parser("report", help="report.md, report.html, plots, CSV and Parquet from the results store")
     pick = rep.add_mutually_exclusive_group()
@@ -113,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--format", choices=("csv", "jsonl"), default="csv")
     exp.add_argument("-o", "--output", help="file to write (default stdout)")
     rsub.add_parser("schema", help="print the result record's JSON schema")
-    for p in (ls, show, exp):
+    merge = rsub.add_parser("merge", help="merge stores written by separate nodes into --store (duplicates skipped)")
+    merge.add_argument("stores", nargs="+")
+    for p in (ls, show, exp, merge):
         _store_arg(p)
     return parser
 
@@ -190,6 +224,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(rec.model_dump_json(indent=2), file=args.stdout)
     else:
         print_table(run_table(rec), Console(file=args.stdout))
+    if args.print_result:
+        from tunebench.deploy.command import MARKER_BEGIN, MARKER_END
+
+        print(f"{MARKER_BEGIN}\n{rec.model_dump_json()}\n{MARKER_END}", file=args.stdout, flush=True)
         if store_path:
             Console(stderr=True).print(f"stored {rec.id} in {store_path}")
     return 0 if rec.status == "ok" else 1
@@ -332,6 +370,64 @@ def cmd_consistency(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    if args.target == "k8s":
+        from tunebench.deploy.k8s import K8sJob, manifests, to_yaml
+
+        job = K8sJob(args.name, args.nodes, args.gpus_per_node, args.image, args.user_args, kind=args.kind,
+                     namespace=args.namespace, pvc=args.pvc, fabric=args.fabric, host_network=args.host_network,
+                     node_selector=dict(_pair(x, "node-selector") for x in args.node_selector),
+                     tolerations=[_toleration(t) for t in args.toleration],
+                     image_pull_secrets=args.image_pull_secret, shm_size=args.shm_size, max_restarts=args.max_restarts)
+        text = to_yaml(manifests(job))
+    else:
+        from tunebench.deploy.slurm import sbatch_script
+
+        text = sbatch_script(args.user_args, args.nodes, args.gpus_per_node, args.job_name, args.partition,
+                             args.time, args.store)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        print(text, end="", file=args.stdout)
+    return 0
+
+
+def _pair(text: str, what: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise UserError(f"invalid {what}={text}: expected KEY=VALUE")
+    return key, value
+
+
+def _toleration(text: str) -> dict:
+    kv, sep, effect = text.rpartition(":")
+    if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise UserError(f"invalid toleration={text}: expected KEY[=VALUE]:NoSchedule|PreferNoSchedule|NoExecute")
+    key, eq, value = kv.partition("=")
+    return {"key": key, "operator": "Equal", "value": value, "effect": effect} if eq else \
+        {"key": key, "operator": "Exists", "effect": effect}
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from tunebench.deploy.collect import marked_records
+    from tunebench.store import Store
+
+    found = new = 0
+    with Store(args.store) as store:
+        for name in args.files:
+            if name == "-":
+                recs = marked_records(sys.stdin)
+            else:
+                if not Path(name).is_file():
+                    raise UserError(f"log file {name} does not exist")
+                with open(name, errors="replace") as f:
+                    recs = marked_records(f)
+            found += len(recs)
+            new += sum(store.save(r) for r in recs)
+        print(f"{found} records found, {new} new, {found - new} already in {store.path}", file=args.stdout)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -446,6 +542,16 @@ def cmd_results(args: argparse.Namespace) -> int:
     from tunebench.report.summary import list_table, print_table
     from tunebench.store import Store
 
+    if args.action == "merge":
+        with Store(args.store) as store:
+            for src in args.stores:
+                if not Path(src).is_file():
+                    raise UserError(f"store {src} does not exist")
+                with Store(src) as other:
+                    recs = list(other.records())
+                new = sum(store.save(r) for r in recs)
+                print(f"{src}: {len(recs)} records, {new} new", file=args.stdout)
+        return 0
     if args.action == "schema":
         print(json.dumps(json_schema(), indent=2), file=args.stdout)
         return 0
@@ -475,12 +581,19 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    user_args: list[str] = []
+    if argv[:1] == ["deploy"] and "--" in argv:  # everything after -- is tunebench's own arguments, verbatim
+        cut = argv.index("--")
+        argv, user_args = argv[:cut], argv[cut + 1:]
     try:
         args = build_parser().parse_args(argv)
+        args.user_args = user_args
         args.stdout = sys.stdout  # results go here; anything libraries print (DeepSpeed logs) goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
             commands = {"run": cmd_run, "sweep": cmd_sweep, "consistency": cmd_consistency, "quick": cmd_quick,
-                        "report": cmd_report, "cost": cmd_cost, "compare": cmd_compare, "results": cmd_results}
+                        "report": cmd_report, "cost": cmd_cost, "compare": cmd_compare, "results": cmd_results,
+                        "deploy": cmd_deploy, "collect": cmd_collect}
             return commands[args.command](args)
     except UserError as err:
         print(f"tunebench: error: {err}", file=sys.stderr)

@@ -1,0 +1,1 @@
+"""Deployment: the same tunebench command wrapped for Kubernetes (JobSet, Indexed Job, TrainJob) and Slurm."""

@@ -1,0 +1,40 @@
+"""An sbatch script: one task per node, `srun tunebench run ...`, c10d rendezvous on the first node.
+
+User arguments are shell-quoted (shlex.quote), so bash passes them through literally; only the
+script's own variables ($SLURM_NODEID, $head, $SLURM_JOB_ID) are expanded.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from tunebench.deploy.command import RDZV_PORT, tunebench_argv
+
+LITERAL = ("$SLURM_NODEID", "${head}:" + str(RDZV_PORT), "$SLURM_JOB_ID")
+
+
+def srun_argv(user_args: list[str], nodes: int, gpus: int, store: str | None) -> list[str]:
+    return tunebench_argv(user_args, nodes, gpus, LITERAL[0], LITERAL[1], LITERAL[2], store)
+
+
+def sbatch_script(user_args: list[str], nodes: int, gpus_per_node: int, job_name: str = "tunebench",
+                  partition: str | None = None, time: str | None = None, store: str | None = None) -> str:
+    argv = srun_argv(user_args, nodes, gpus_per_node, store)
+    # Our own variables stay unquoted-but-double-quoted so bash expands them; user words are quoted.
+    words = [f'"{a}"' if a in LITERAL else shlex.quote(a) for a in argv]
+    lines = ["#!/usr/bin/env bash", f"#SBATCH --job-name={shlex.quote(job_name)}", f"#SBATCH --nodes={nodes}",
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={gpus_per_node}", "#SBATCH --exclusive",
+             "#SBATCH --output=%x-%j.out"]
+    if partition:
+        lines.append(f"#SBATCH --partition={shlex.quote(partition)}")
+    if time:
+        lines.append(f"#SBATCH --time={shlex.quote(time)}")
+    lines += [
+        "set -euo pipefail",
+        "export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1",
+        "# the c10d rendezvous is hosted by the first node of the allocation",
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# one tunebench per node; it starts torchrun itself (node rank = the node's index in the job)",
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " + " ".join(words),
+    ]
+    return "\n".join(lines) + "\n"
