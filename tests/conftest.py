@@ -1,5 +1,6 @@
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,9 @@ def run_json(tb, store: Path, *extra: str) -> dict:
 def cli_subprocess(*argv: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tunebench.cli", *argv], capture_output=True, text=True,
                           env=os.environ | (env or {}), **kw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

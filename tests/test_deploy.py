@@ -5,14 +5,14 @@ import copy
 import json
 import os
 import re
-import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from conftest import free_port
 
 from tunebench.deploy.k8s import K8sJob, manifests
 from tunebench.deploy.slurm import sbatch_script, srun_argv
@@ -101,16 +101,10 @@ def test_user_arguments_stay_literal_in_manifests(kind, rank_var, endpoint):
     assert expanded[expanded.index("--rdzv-endpoint") + 1] == kubelet_expand(endpoint, env)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_generated_command_runs_as_two_nodes_and_logs_are_collected(tb, tmp_path):
     job = K8sJob("bench", 2, 1, "img", [*TINY, *NASTY], kind="indexed-job")
     cmd = _container(manifests(job)[1])["command"]
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in (0, 1):
         argv = [kubelet_expand(a, {"NODE_RANK": str(rank)}) for a in cmd]

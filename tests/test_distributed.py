@@ -1,9 +1,7 @@
 """Distributed runs on CPU: 2 processes under torchrun with gloo, for every strategy."""
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from conftest import cli_subprocess
+from conftest import cli_subprocess, free_port
 
 from tunebench.store import Store
 
@@ -73,14 +71,8 @@ def test_same_losses_as_single(tmp_path, single_losses, strategy):
     assert losses == pytest.approx(single_losses, abs=1e-4)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_on_one_machine(tmp_path):
-    store, port = tmp_path / "r.db", _free_port()
+    store, port = tmp_path / "r.db", free_port()
     cmd = [sys.executable, "-m", "tunebench.cli", "run", *DIST, "--strategy", "ddp", "--nnodes", "2",
            "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--store", str(store)]
     procs = [subprocess.Popen(cmd + ["--node-rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

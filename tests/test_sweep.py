@@ -1,7 +1,6 @@
 """Suites expand as documented; sweeps isolate each run, record every failure kind and resume."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

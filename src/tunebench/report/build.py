@@ -17,6 +17,7 @@ from pathlib import Path
 from tunebench.record import ResultRecord, flat_row
 from tunebench.report import plots
 from tunebench.report.cost import DEFAULT_JOB_SAMPLES, Offering, cheapest
+from tunebench.report.summary import fmt
 
 GIB = 1024**3
 NOISE = 0.05  # effects smaller than this are reported as no measurable change
@@ -28,10 +29,6 @@ IGNORED_KEYS = {"tag", "seed", "steps", "warmup", "node_rank", "rdzv_endpoint", 
 class Section:
     title: str
     blocks: list = field(default_factory=list)  # str (paragraph), ("table", header, rows), ("image", path)
-
-
-def _f(v, spec=",.1f", scale=1.0, unit="") -> str:
-    return "-" if v is None else f"{v / scale:{spec}}{unit}"
 
 
 def _diff(base: dict, other: dict) -> dict[str, tuple]:
@@ -74,13 +71,13 @@ def build(records: list[ResultRecord], out: Path, prices: list[Offering], title:
                     + ", ".join(f"{n} {st}" for st, n in statuses.items() if n) + ".")
     if ok:
         best = max(ok, key=lambda r: r.metrics.tokens_per_s)
-        s.blocks.append(f"Highest throughput: **{plots.label(best, names)}** at {_f(best.metrics.tokens_per_s)} "
-                        f"tokens/s ({_f(best.metrics.tokens_per_s_per_gpu)} per GPU on {best.metrics.world_size}).")
+        s.blocks.append(f"Highest throughput: **{plots.label(best, names)}** at {fmt(best.metrics.tokens_per_s)} "
+                        f"tokens/s ({fmt(best.metrics.tokens_per_s_per_gpu)} per GPU on {best.metrics.world_size}).")
         with_mem = [r for r in ok if r.metrics.peak_mem_allocated_bytes]
         if with_mem:
             low = min(with_mem, key=lambda r: r.metrics.peak_mem_allocated_bytes)
             s.blocks.append(f"Lowest peak memory: **{plots.label(low, names)}** at "
-                            f"{_f(low.metrics.peak_mem_allocated_bytes, '.2f', GIB, ' GiB')} allocated.")
+                            f"{fmt(low.metrics.peak_mem_allocated_bytes, '.2f', GIB, ' GiB')} allocated.")
         priced = [r for r in ok if costs[r.id]]
         if priced:
             c = min(priced, key=lambda r: costs[r.id].per_1m_tokens)
@@ -89,7 +86,7 @@ def build(records: list[ResultRecord], out: Path, prices: list[Offering], title:
                             f"tokens on {k.offering.provider} (on-demand ${k.offering.on_demand}/GPU-h).")
         if baseline and len(groups) > 1:
             b_tps = _mean_tps(baseline)
-            s.blocks.append(f"Against the baseline ({plots.label(baseline[0], names)}, {_f(b_tps)} tokens/s) the "
+            s.blocks.append(f"Against the baseline ({plots.label(baseline[0], names)}, {fmt(b_tps)} tokens/s) the "
                             f"best configuration is {best.metrics.tokens_per_s / b_tps:.2f}x faster per token.")
     secs.append(s)
 
@@ -99,9 +96,9 @@ def build(records: list[ResultRecord], out: Path, prices: list[Offering], title:
     for r in records:
         m = r.metrics
         st = m.step_time_s
-        rows.append([plots.label(r, names), r.status, _f(m.tokens_per_s), _f(m.tokens_per_s_per_gpu),
-                     _f(m.samples_per_s, ",.3f"), "-" if not st else f"{st.p50 * 1e3:.1f}",
-                     _f(m.peak_mem_allocated_bytes, ".2f", GIB), "-" if m.mfu is None else f"{m.mfu:.1%}",
+        rows.append([plots.label(r, names), r.status, fmt(m.tokens_per_s), fmt(m.tokens_per_s_per_gpu),
+                     fmt(m.samples_per_s, ",.3f"), "-" if not st else f"{st.p50 * 1e3:.1f}",
+                     fmt(m.peak_mem_allocated_bytes, ".2f", GIB), "-" if m.mfu is None else f"{m.mfu:.1%}",
                      (r.error or "").strip().splitlines()[0][:80] if r.status != "ok" and r.error else ""])
     s.blocks.append(("table", ["configuration", "status", "tokens/s", "per GPU", "samples/s", "step p50 ms",
                                "peak alloc GiB", "MFU", "error"], rows))
@@ -120,10 +117,10 @@ def build(records: list[ResultRecord], out: Path, prices: list[Offering], title:
     if (p := plots.memory(ok, out, names)):
         s = Section("Memory", [("image", p)])
         s.blocks.append(("table", ["configuration", "peak allocated", "peak reserved", "NVML used", "GPU capacity"],
-                         [[plots.label(r, names), _f(r.metrics.peak_mem_allocated_bytes, ".2f", GIB, " GiB"),
-                           _f(r.metrics.peak_mem_reserved_bytes, ".2f", GIB, " GiB"),
-                           _f(r.metrics.nvml_mem_used_bytes, ".2f", GIB, " GiB"),
-                           _f(r.environment.get("gpu", {}).get("memory_bytes"), ".0f", GIB, " GiB")] for r in ok]))
+                         [[plots.label(r, names), fmt(r.metrics.peak_mem_allocated_bytes, ".2f", GIB, " GiB"),
+                           fmt(r.metrics.peak_mem_reserved_bytes, ".2f", GIB, " GiB"),
+                           fmt(r.metrics.nvml_mem_used_bytes, ".2f", GIB, " GiB"),
+                           fmt(r.environment.get("gpu", {}).get("memory_bytes"), ".0f", GIB, " GiB")] for r in ok]))
         secs.append(s)
 
     if (p := plots.mfu(ok, out, names)):
@@ -171,8 +168,8 @@ def build(records: list[ResultRecord], out: Path, prices: list[Offering], title:
     scaled = [r for r in ok if r.metrics.scaling]
     if scaled:
         s = Section("Scaling", [("table", ["configuration", "GPUs", "tokens/s", "per GPU", "speedup", "efficiency"],
-                                 [[plots.label(r, names), str(r.metrics.world_size), _f(r.metrics.tokens_per_s),
-                                   _f(r.metrics.tokens_per_s_per_gpu), f"{r.metrics.scaling['speedup']:.2f}x",
+                                 [[plots.label(r, names), str(r.metrics.world_size), fmt(r.metrics.tokens_per_s),
+                                   fmt(r.metrics.tokens_per_s_per_gpu), f"{r.metrics.scaling['speedup']:.2f}x",
                                    f"{r.metrics.scaling['efficiency']:.1%}"] for r in scaled])])
         s.blocks.append("Scaling efficiency = tokens/s(N) ÷ (N × tokens/s(1)), same per-GPU configuration.")
         if (p := plots.scaling(scaled, out)):
@@ -213,9 +210,9 @@ def recommendations(records, ok, groups, baseline, costs, names) -> list[str]:
     out = []
     if ok:
         best = max(ok, key=lambda r: r.metrics.tokens_per_s)
-        line = f"For throughput, use {plots.label(best, names)} ({_f(best.metrics.tokens_per_s)} tokens/s"
+        line = f"For throughput, use {plots.label(best, names)} ({fmt(best.metrics.tokens_per_s)} tokens/s"
         if best.metrics.peak_mem_allocated_bytes:
-            line += f", {_f(best.metrics.peak_mem_allocated_bytes, '.2f', GIB, ' GiB')} peak"
+            line += f", {fmt(best.metrics.peak_mem_allocated_bytes, '.2f', GIB, ' GiB')} peak"
         out.append(line + ").")
     if baseline and len(groups) > 1:
         b_tps = _mean_tps(baseline)

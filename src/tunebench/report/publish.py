@@ -8,12 +8,9 @@ from pathlib import Path
 import yaml
 
 from tunebench.record import ResultRecord
+from tunebench.report.summary import fmt
 
 GIB = 1024**3
-
-
-def _f(v: float | None, spec: str, scale: float = 1.0) -> str:
-    return "-" if v is None else f"{v / scale:{spec}}"
 
 
 def slug(text: str) -> str:
@@ -31,8 +28,8 @@ def publish(rec: ResultRecord, out: Path, name: str | None = None) -> Path:
         ("samples/s", f"{m.samples_per_s:,.3f}" if m.samples_per_s else "-"),
         ("step time p50 / p90 / p99", "-" if not st else f"{st.p50 * 1e3:.1f} / {st.p90 * 1e3:.1f} / {st.p99 * 1e3:.1f} ms"),
         ("peak memory allocated / reserved",
-         f"{_f(m.peak_mem_allocated_bytes, '.2f', GIB)} / {_f(m.peak_mem_reserved_bytes, '.2f', GIB)} GiB"),
-        ("MFU / HFU", f"{_f(m.mfu, '.1%')} / {_f(m.hfu, '.1%')}"),
+         f"{fmt(m.peak_mem_allocated_bytes, '.2f', GIB)} / {fmt(m.peak_mem_reserved_bytes, '.2f', GIB)} GiB"),
+        ("MFU / HFU", f"{fmt(m.mfu, '.1%')} / {fmt(m.hfu, '.1%')}"),
         ("FLOPs per token", m.flops_formula or "-"),
         ("timed steps / warmup", f"{m.timed_steps} / {c.get('warmup')}"),
         ("setup", "-" if m.setup_s is None else f"{m.setup_s:.1f} s"),

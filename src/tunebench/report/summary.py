@@ -10,7 +10,8 @@ from tunebench.record import ResultRecord
 GIB = 1024**3
 
 
-def _fmt(v: float | int | None, spec: str = ",.1f", scale: float = 1.0, unit: str = "") -> str:
+def fmt(v: float | int | None, spec: str = ",.1f", scale: float = 1.0, unit: str = "") -> str:
+    """A number for a table: '-' when it was not measured."""
     return "-" if v is None else f"{v / scale:{spec}}{unit}"
 
 
@@ -25,20 +26,20 @@ def run_table(rec: ResultRecord) -> Table:
                      f"{c['grad_accum']} x seq {c['seq_len']}  opt {c['optimizer']}  ckpt {c['grad_ckpt']}"),
         ("device", f"{gpu} x {m.world_size}" + (f" on {m.nnodes} nodes" if m.nnodes > 1 else "")
                    + f"  strategy {c.get('strategy', 'single')}"),
-        ("tokens/s", f"{_fmt(m.tokens_per_s)}  ({_fmt(m.tokens_per_s_per_gpu)} per device)"),
-        ("samples/s", _fmt(m.samples_per_s, ",.3f")),
+        ("tokens/s", f"{fmt(m.tokens_per_s)}  ({fmt(m.tokens_per_s_per_gpu)} per device)"),
+        ("samples/s", fmt(m.samples_per_s, ",.3f")),
         ("step time p50/p90/p99", "-" if not m.step_time_s else
          f"{m.step_time_s.p50 * 1e3:.1f} / {m.step_time_s.p90 * 1e3:.1f} / {m.step_time_s.p99 * 1e3:.1f} ms"
          f"  (mean {m.step_time_s.mean * 1e3:.1f}, std {m.step_time_s.std * 1e3:.1f})"),
-        ("peak memory alloc/reserved", f"{_fmt(m.peak_mem_allocated_bytes, '.2f', GIB, ' GiB')} / "
-                                       f"{_fmt(m.peak_mem_reserved_bytes, '.2f', GIB, ' GiB')}"
-                                       f"  (NVML used {_fmt(m.nvml_mem_used_bytes, '.2f', GIB, ' GiB')})"),
-        ("peak host RSS", _fmt(m.peak_rss_bytes, ".2f", GIB, " GiB")),
+        ("peak memory alloc/reserved", f"{fmt(m.peak_mem_allocated_bytes, '.2f', GIB, ' GiB')} / "
+                                       f"{fmt(m.peak_mem_reserved_bytes, '.2f', GIB, ' GiB')}"
+                                       f"  (NVML used {fmt(m.nvml_mem_used_bytes, '.2f', GIB, ' GiB')})"),
+        ("peak host RSS", fmt(m.peak_rss_bytes, ".2f", GIB, " GiB")),
         ("MFU / HFU", "-" if m.mfu is None else f"{m.mfu:.1%} / {m.hfu:.1%}"),
-        ("FLOPs/token", _fmt(m.flops_per_token, ".3e")),
-        ("params trainable/total", f"{_fmt(m.params_trainable, ',.0f')} / {_fmt(m.params_total, ',.0f')}"),
-        ("setup", _fmt(m.setup_s, ".1f", unit=" s") + f"  (weights: {m.weights or '-'})"),
-        ("loss first/last", f"{_fmt(m.loss_first, '.4f')} / {_fmt(m.loss_last, '.4f')}"),
+        ("FLOPs/token", fmt(m.flops_per_token, ".3e")),
+        ("params trainable/total", f"{fmt(m.params_trainable, ',.0f')} / {fmt(m.params_total, ',.0f')}"),
+        ("setup", fmt(m.setup_s, ".1f", unit=" s") + f"  (weights: {m.weights or '-'})"),
+        ("loss first/last", f"{fmt(m.loss_first, '.4f')} / {fmt(m.loss_last, '.4f')}"),
     ]
     if m.step_time_skew is not None and m.world_size > 1:
         rows.append(("rank step-time skew", f"{m.step_time_skew:.1%}"))
@@ -60,7 +61,7 @@ def list_table(records: list[ResultRecord]) -> Table:
         m = r.metrics
         t.add_row(r.id[:12], r.created_at.replace("+00:00", "Z"), r.kind, r.status, str(r.config.get("model")),
                   str(r.config.get("method")), r.environment.get("gpu", {}).get("name") or r.environment.get("device"),
-                  _fmt(m.tokens_per_s), _fmt(m.peak_mem_allocated_bytes, ".2f", GIB, " GiB"), ",".join(r.tags))
+                  fmt(m.tokens_per_s), fmt(m.peak_mem_allocated_bytes, ".2f", GIB, " GiB"), ",".join(r.tags))
     return t
 
 
@@ -82,9 +83,9 @@ def compare_table(records: list[ResultRecord], title: str = "comparison") -> Tab
         speed = f"{m.tokens_per_s / base:.2f}x" if base and m.tokens_per_s else "-"
         mem = m.peak_mem_allocated_bytes if m.peak_mem_allocated_bytes is not None else m.peak_rss_bytes
         label = "peak alloc" if m.peak_mem_allocated_bytes is not None else "peak RSS"
-        t.add_row(f"{c['model']} {c['method']} b{c['batch_size']} s{c['seq_len']}", r.status, _fmt(m.tokens_per_s),
-                  _fmt(m.samples_per_s, ",.2f"), "-" if not m.step_time_s else f"{m.step_time_s.p50 * 1e3:.1f}",
-                  f"{_fmt(mem, '.2f', GIB, ' GiB')} ({label})", "-" if m.mfu is None else f"{m.mfu:.1%}", speed)
+        t.add_row(f"{c['model']} {c['method']} b{c['batch_size']} s{c['seq_len']}", r.status, fmt(m.tokens_per_s),
+                  fmt(m.samples_per_s, ",.2f"), "-" if not m.step_time_s else f"{m.step_time_s.p50 * 1e3:.1f}",
+                  f"{fmt(mem, '.2f', GIB, ' GiB')} ({label})", "-" if m.mfu is None else f"{m.mfu:.1%}", speed)
     return t
 
 
@@ -98,9 +99,9 @@ def scaling_table(records: list[ResultRecord]) -> Table:
         t.add_column(col)
     for r in records:
         m, s = r.metrics, r.metrics.scaling or {}
-        t.add_row(str(m.world_size), r.status, _fmt(m.tokens_per_s), _fmt(m.tokens_per_s_per_gpu),
+        t.add_row(str(m.world_size), r.status, fmt(m.tokens_per_s), fmt(m.tokens_per_s_per_gpu),
                   "-" if not m.step_time_s else f"{m.step_time_s.p50 * 1e3:.1f}",
-                  _fmt(m.peak_mem_allocated_bytes, ".2f", GIB, " GiB"), "-" if m.mfu is None else f"{m.mfu:.1%}",
+                  fmt(m.peak_mem_allocated_bytes, ".2f", GIB, " GiB"), "-" if m.mfu is None else f"{m.mfu:.1%}",
                   "-" if "speedup" not in s else f"{s['speedup']:.2f}x",
                   "-" if "efficiency" not in s else f"{s['efficiency']:.1%}")
     return t
@@ -130,7 +131,7 @@ def sweep_table(title: str, entries: list, records: list[ResultRecord], cv_limit
         cv_text = "-" if cv is None else f"{cv:.1%}" + (" (!)" if cv > cv_limit else "")
         mem = max((m.peak_mem_allocated_bytes or 0) for m in ok) or None
         mfu = [m.mfu for m in ok if m.mfu is not None]
-        t.add_row(str(i), e.name, f"{statuses} ({len(ok)}/{len(mine)} ok)", _fmt(mean), _fmt(std), cv_text,
-                  _fmt(statistics.fmean(m.samples_per_s for m in ok), ",.3f"), _fmt(mem, ".2f", GIB, " GiB"),
+        t.add_row(str(i), e.name, f"{statuses} ({len(ok)}/{len(mine)} ok)", fmt(mean), fmt(std), cv_text,
+                  fmt(statistics.fmean(m.samples_per_s for m in ok), ",.3f"), fmt(mem, ".2f", GIB, " GiB"),
                   "-" if not mfu else f"{statistics.fmean(mfu):.1%}", f"{mean / base:.2f}x")
     return t
