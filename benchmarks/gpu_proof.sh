@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_proof.sh llama8b   # issue 3: llama-3-8b full fine-tune, FSDP2, 4 GPUs
 #   bash benchmarks/gpu_proof.sh sweeps    # issue 4: the diagnostic suite (mistral-7b QLoRA), then tunebench quick
 #   bash benchmarks/gpu_proof.sh consistency  # issue 4: the seeds' optimised QLoRA config on each local GPU
+#   bash benchmarks/gpu_proof.sh telemetry # issue 6 (part): NVML telemetry on a run, and its overhead
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -49,6 +50,11 @@ sweeps)
 consistency)
   tb consistency --model mistral-7b --method qlora --seq-len 512 --batch-size 8 --grad-ckpt \
     --optimizer paged_adamw_8bit --lora-rank 16 --lora-alpha 32 --steps 20 --warmup 8
+  ;;
+telemetry)
+  python3 benchmarks/telemetry_overhead.py --pairs 3
+  tb run --model tinygpt-124m --method full --seq-len 2048 --batch-size 8 --steps 30 --warmup 10 \
+    --optimizer adamw_fused --tag gpu-proof-telemetry
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

@@ -21,7 +21,7 @@ Precision = Literal["bf16", "fp16", "fp32"]
 Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit"]
 Strategy = Literal["single", "ddp", "fsdp", "zero2", "zero3"]
 # Where a run happens rather than what it is: left out of the config hash.
-LAUNCH_ONLY = {"tag", "node_rank", "rdzv_endpoint", "rdzv_id", "timeout"}
+LAUNCH_ONLY = {"tag", "node_rank", "rdzv_endpoint", "rdzv_id", "timeout", "telemetry"}
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 
 
@@ -64,6 +64,8 @@ class RunConfig(BaseModel):
     timeout: float = Field(600.0, gt=0, description="collective timeout in seconds: a dead or stuck rank fails "
                                                     "the run after this")
     tag: list[str] = Field(default_factory=list, description="free-text labels stored with the record")
+    telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) over the "
+                                              "timed steps on GPUs")
     fault: str | None = Field(None, pattern=r"^(abort|hang|raise)@\d+$",
                               description="testing the harness only: abort@STEP, hang@STEP or raise@STEP")
 

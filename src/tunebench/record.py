@@ -56,6 +56,8 @@ class TrainMetrics(BaseModel):
     step_time_skew: float | None = None  # slowest rank's mean step time / fastest rank's - 1
     per_rank: list[dict[str, Any]] | None = None  # each rank's own figures (distributed runs)
     scaling: dict[str, Any] | None = None  # speedup and efficiency against the smallest world size run
+    telemetry: dict[str, Any] | None = None  # NVML over the timed steps; absent (None) without NVML
+    energy_j_per_token: float | None = None
 
 
 class ResultRecord(BaseModel):
@@ -88,6 +90,8 @@ def flat_row(rec: ResultRecord) -> dict[str, Any]:
     metrics = rec.metrics.model_dump(exclude={"losses", "per_rank"})
     times = metrics.pop("step_time_s") or {}
     scaling = metrics.pop("scaling") or {}
+    telemetry = metrics.pop("telemetry") or {}
+    row |= {f"metrics.telemetry_{k}": ",".join(v) if isinstance(v, list) else v for k, v in telemetry.items()}
     row |= {f"metrics.{k}": v for k, v in metrics.items()}
     row |= {f"metrics.step_time_{k}_s": v for k, v in times.items()}
     row |= {f"metrics.scaling_{k}": v for k, v in scaling.items()}

@@ -34,6 +34,7 @@ from tunebench.methods import apply_method, check_targets
 from tunebench.metrics.aggregate import combine_ranks, rank_summary
 from tunebench.metrics.flops import FlopsPerToken, flops_per_token
 from tunebench.metrics.memory import peak_memory, reset_peak
+from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import ModelSpec, build_model, load_meta_model, resolve_model
 from tunebench.record import ResultRecord
 from tunebench.strategies import apply_strategy, check_strategy
@@ -133,7 +134,8 @@ def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | Non
     data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
     step = optimizer_step_fn(ts, data, cfg, device, ctx)
     out.setup_s = time.perf_counter() - started
-    out.loop = run_loop(step, cfg, device, progress if ctx.is_main else None, ctx)
+    telemetry = Telemetry(device.index) if device.type == "cuda" and cfg.telemetry else None
+    out.loop = run_loop(step, cfg, device, progress if ctx.is_main else None, ctx, telemetry)
 
 
 def execute(plan: Plan, progress: ProgressFn | None = None, started: float | None = None,

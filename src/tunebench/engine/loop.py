@@ -19,6 +19,7 @@ import torch
 from tunebench.config import RunConfig
 from tunebench.engine.data import SyntheticTokens
 from tunebench.launch.context import SINGLE, DistContext
+from tunebench.metrics.telemetry import Telemetry
 from tunebench.metrics.timer import StepTimer
 from tunebench.strategies import TrainStep
 
@@ -32,6 +33,7 @@ class LoopResult:
     losses: list[float] = field(default_factory=list)  # every step run, warmup included
     wall_s: float = 0.0  # timed region
     step_times: list[float] = field(default_factory=list)  # timed steps only
+    telemetry: dict | None = None  # NVML summary over the timed steps (GPU runs only)
 
 
 def autocast(cfg: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -95,7 +97,8 @@ def inject_fault(kind: str, step: int) -> None:
 
 
 def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.device,
-             on_step: Callable[[int, float | None], None] | None = None, ctx: DistContext = SINGLE) -> LoopResult:
+             on_step: Callable[[int, float | None], None] | None = None, ctx: DistContext = SINGLE,
+             telemetry: Telemetry | None = None) -> LoopResult:
     cuda = device.type == "cuda"
     lag = LAG if cuda else 0
     host = torch.zeros(cfg.steps, dtype=torch.float32, pin_memory=cuda)
@@ -123,6 +126,8 @@ def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.dev
         if i == cfg.warmup:
             ctx.barrier()  # every rank starts the timed region together
             timer.start()
+            if telemetry:
+                telemetry.start()
         loss = step()
         host[i].copy_(loss, non_blocking=cuda)
         ready.append(torch.cuda.Event() if cuda else None)
@@ -140,4 +145,6 @@ def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.dev
                 break
     if len(timer.marks) > 0:
         result.wall_s, result.step_times = timer.finish()
+    if telemetry:
+        result.telemetry = telemetry.stop()
     return result

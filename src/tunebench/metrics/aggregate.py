@@ -2,7 +2,8 @@
 
 Global tokens/s = tokens of the timed steps summed over ranks / the longest rank's timed wall time
 (all ranks start the timed region together, after a barrier). A step's time is the slowest rank's,
-since every rank waits for it at the next collective. Peak memory is the largest of any rank.
+since every rank waits for it at the next collective. Peak memory is the largest of any rank;
+energy is summed over the ranks' GPUs, so energy per token is the run's joules / its timed tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tunebench.engine.loop import LoopResult
 from tunebench.launch.context import DistContext
 from tunebench.metrics.flops import FlopsPerToken, peak_flops, utilization
 from tunebench.metrics.stats import summarize
+from tunebench.metrics.telemetry import combine as combine_telemetry
 from tunebench.record import StepTimes, TrainMetrics
 
 MEMORY = ("peak_mem_allocated_bytes", "peak_mem_reserved_bytes", "nvml_mem_used_bytes", "peak_rss_bytes")
@@ -27,6 +29,7 @@ def rank_summary(ctx: DistContext, host: str, loop: LoopResult, cfg: RunConfig, 
         "rank": ctx.rank, "host": host, "timed_steps": len(loop.step_times), "tokens": samples * cfg.seq_len,
         "samples": samples, "wall_s": loop.wall_s, "step_times": loop.step_times,
         "tokens_per_s": samples * cfg.seq_len / loop.wall_s if loop.wall_s else None,
+        "telemetry": loop.telemetry,
         **{k: memory.get(k) for k in MEMORY},
     }
 
@@ -59,6 +62,9 @@ def combine_ranks(ranks: list[dict], cfg: RunConfig, losses: list[float], flops:
         m.step_time_s = StepTimes(**summarize(slowest))
         means = [statistics.fmean(r["step_times"]) for r in ranks]
         m.step_time_skew = max(means) / min(means) - 1.0 if min(means) > 0 else None
+    m.telemetry = combine_telemetry([r.get("telemetry") for r in ranks])
+    if m.telemetry and m.timed_tokens:
+        m.energy_j_per_token = m.telemetry["energy_j"] / m.timed_tokens
     if flops:
         m.flops_per_token, m.hfu_flops_per_token, m.flops_formula = flops.model, flops.hardware, flops.formula
         m.peak_flops = peak_flops(gpu_name) if device.type == "cuda" else None

@@ -69,9 +69,10 @@ def table(c: Consistency) -> Table:
         t.add_column(col)
     for r, dt, dm in zip(c.records, c.tps_dev, c.mem_dev):
         out = abs(dt) > THROUGHPUT_BAR or (dm is not None and abs(dm) > MEMORY_BAR)
-        tel = r.metrics.model_extra.get("telemetry") if r.metrics.model_extra else None
-        tel_text = "-" if not tel else ", ".join(f"{k} {v}" for k, v in tel.items()
-                                                 if k in ("sm_clock_mhz", "temperature_c", "throttle_reasons"))
+        tel = r.metrics.telemetry
+        tel_text = "no telemetry" if not tel else (
+            f"SM clock min {tel['sm_clock_min_mhz']} MHz, max {tel['temperature_max_c']} C, throttle: "
+            + (", ".join(tel["throttle_reasons"]) or "none"))
         mem = _mem(r)
         t.add_row(device_label(r), f"{r.metrics.tokens_per_s:,.1f}", f"{dt:+.1%}",
                   "-" if mem is None else f"{mem / GIB:.2f} GiB", "-" if dm is None else f"{dm:+.1%}",

@@ -41,6 +41,12 @@ def run_table(rec: ResultRecord) -> Table:
         ("setup", fmt(m.setup_s, ".1f", unit=" s") + f"  (weights: {m.weights or '-'})"),
         ("loss first/last", f"{fmt(m.loss_first, '.4f')} / {fmt(m.loss_last, '.4f')}"),
     ]
+    if m.telemetry:
+        t_ = m.telemetry
+        rows.append(("GPU telemetry", f"util {t_['gpu_util_mean_pct']:.0f}%, power {t_['power_mean_w']:.0f} W, "
+                                      f"energy {fmt(m.energy_j_per_token, '.4f')} J/token, max {t_['temperature_max_c']} C,"
+                                      f" SM clock min {t_['sm_clock_min_mhz']} MHz, throttle: "
+                                      f"{', '.join(t_['throttle_reasons']) or 'none'}"))
     if m.step_time_skew is not None and m.world_size > 1:
         rows.append(("rank step-time skew", f"{m.step_time_skew:.1%}"))
     if m.scaling:
