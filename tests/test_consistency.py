@@ -1,7 +1,6 @@
 """Consistency: spread and outliers against the ±5% throughput / ±2% memory bars."""
 
 import pytest
-
 from conftest import run_json
 
 from tunebench.record import ResultRecord, TrainMetrics

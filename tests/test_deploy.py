@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import free_port
 
 from tunebench.deploy.k8s import K8sJob, manifests

@@ -8,7 +8,6 @@ import time
 
 import psutil
 import pytest
-
 from conftest import cli_subprocess, free_port
 
 from tunebench.store import Store

@@ -8,7 +8,6 @@ import subprocess
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import run_json
 
 from tunebench.record import ResultRecord, TrainMetrics, flat_row

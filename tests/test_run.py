@@ -6,7 +6,6 @@ import json
 import math
 
 import pytest
-
 from conftest import QUICK, run_json
 
 from tunebench import RunConfig, Store, run

@@ -8,7 +8,6 @@ import time
 
 import pytest
 import yaml
-
 from conftest import cli_subprocess
 
 from tunebench.errors import UserError

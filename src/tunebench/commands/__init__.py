@@ -1,0 +1,1 @@
+"""The CLI's command handlers, one module per group; the parser lives in tunebench.cli."""

@@ -1,0 +1,67 @@
+"""`tunebench deploy` and `tunebench collect`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tunebench.errors import UserError
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    if args.target == "k8s":
+        from tunebench.deploy.k8s import K8sJob, manifests, to_yaml
+
+        job = K8sJob(args.name, args.nodes, args.gpus_per_node, args.image, args.user_args, kind=args.kind,
+                     namespace=args.namespace, pvc=args.pvc, fabric=args.fabric, host_network=args.host_network,
+                     node_selector=dict(_pair(x, "node-selector") for x in args.node_selector),
+                     tolerations=[_toleration(t) for t in args.toleration],
+                     image_pull_secrets=args.image_pull_secret, shm_size=args.shm_size, max_restarts=args.max_restarts)
+        text = to_yaml(manifests(job))
+    else:
+        from tunebench.deploy.slurm import sbatch_script
+
+        text = sbatch_script(args.user_args, args.nodes, args.gpus_per_node, args.job_name, args.partition,
+                             args.time, args.store)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        print(text, end="", file=args.stdout)
+    return 0
+
+
+def _pair(text: str, what: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise UserError(f"invalid {what}={text}: expected KEY=VALUE")
+    return key, value
+
+
+def _toleration(text: str) -> dict:
+    kv, sep, effect = text.rpartition(":")
+    if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise UserError(f"invalid toleration={text}: expected KEY[=VALUE]:NoSchedule|PreferNoSchedule|NoExecute")
+    key, eq, value = kv.partition("=")
+    return {"key": key, "operator": "Equal", "value": value, "effect": effect} if eq else \
+        {"key": key, "operator": "Exists", "effect": effect}
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from tunebench.deploy.collect import marked_records
+    from tunebench.store import Store
+
+    found = new = 0
+    with Store(args.store) as store:
+        for name in args.files:
+            if name == "-":
+                recs = marked_records(sys.stdin)
+            else:
+                if not Path(name).is_file():
+                    raise UserError(f"log file {name} does not exist")
+                with open(name, errors="replace") as f:
+                    recs = marked_records(f)
+            found += len(recs)
+            new += sum(store.save(r) for r in recs)
+        print(f"{found} records found, {new} new, {found - new} already in {store.path}", file=args.stdout)
+    return 0
