@@ -108,3 +108,12 @@ def test_training_reduces_loss_on_a_repeated_batch():
     finally:
         runner.SyntheticTokens = orig
     assert rec.metrics.loss_last < rec.metrics.loss_first - 0.5
+
+
+def test_quick_runs_each_method_and_writes_a_report(tb, store, tmp_path):
+    """The README's main command on a machine without a GPU."""
+    code, out, err = tb("quick", "--device", "cpu", "--store", str(store), "--out", str(tmp_path / "rep"))
+    assert code == 0, err
+    assert "tiny-llama full" in out and "tiny-llama qlora" in out
+    assert (tmp_path / "rep" / "report.html").stat().st_size > 10_000
+    assert [r.status for r in Store(store).records()] == ["ok", "ok", "ok"]

@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     quick = sub.add_parser("quick", help="a quick benchmark sized for this machine, with a comparison table")
     quick.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    quick.add_argument("--out", default="tunebench-report", help="report folder (default ./tunebench-report)")
     _store_arg(quick)
 
     res = sub.add_parser("results", help="list, show or export stored results")

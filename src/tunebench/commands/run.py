@@ -96,6 +96,8 @@ def cmd_quick(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tunebench.quick import quick_configs
+    from tunebench.report.build import write_report
+    from tunebench.report.cost import load_prices
     from tunebench.report.summary import compare_table, print_table
     from tunebench.runner import preflight
     from tunebench.store import default_store_path
@@ -109,5 +111,8 @@ def cmd_quick(args: argparse.Namespace) -> int:
         Console(stderr=True).print(f"{i}/{len(configs)}: {c.model} {c.method} batch {c.batch_size} seq {c.seq_len}")
         records.append(run_one(c, store_path))  # each stored as it finishes, not at the end
     print_table(compare_table(records, "tunebench quick"), Console(file=args.stdout))
-    Console(stderr=True).print(f"stored {len(records)} results in {store_path}; see them with: tunebench results list")
+    out = Path(args.out)
+    write_report(records, out, load_prices(), "tunebench quick")
+    Console(stderr=True).print(f"stored {len(records)} results in {store_path}; report in {out}/report.html "
+                               "(and report.md)")
     return 0 if all(r.status == "ok" for r in records) else 1
