@@ -67,11 +67,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 130
     with Store(store_path) as store:
         records = list(store.records(sweep_id=sweep_id))
+        complete = sw.pending(store, sweep_id, entries, repeats) == []
     if args.json:
         print(json.dumps([json.loads(r.model_dump_json()) for r in records], indent=2), file=args.stdout)
     else:
         print_table(sweep_table(f"sweep {sweep_id} ({name})", entries, records), Console(file=args.stdout))
-    complete = sw.pending(Store(store_path), sweep_id, entries, repeats) == []
     return 0 if complete else 1
 
 

@@ -30,6 +30,7 @@ from tunebench.config import RunConfig
 from tunebench.environment import environment
 from tunebench.launch.torchrun import die_with_parent
 from tunebench.record import ResultRecord
+from tunebench.runner import resolve_device
 from tunebench.store import Store
 from tunebench.suites import Entry
 
@@ -108,18 +109,11 @@ def run_isolated(cfg: RunConfig, store_path: Path, sweep_id: str, timeout: float
             status, error = "failed", f"the run's process ended without a record ({why})"
         error = f"{error}\n--- last output ---\n{''.join(err_tail)[-3000:]}"
         rec = ResultRecord(id=record_id, config=cfg.model_dump(), config_hash=cfg.config_hash(),
-                           environment=environment_for(cfg), tags=cfg.tag, status=status, error=error,
+                           environment=environment(resolve_device(cfg.device)), tags=cfg.tag, status=status, error=error,
                            sweep_id=sweep_id)
     with Store(store_path) as store:
         store.save(rec)  # a no-op when the child already stored this id
     return rec
-
-
-def environment_for(cfg: RunConfig) -> dict:
-    import torch
-
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    return environment(torch.device("cuda", 0) if use_cuda else torch.device("cpu"))
 
 
 def _parse(out: str) -> ResultRecord | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tunebench.config import RunConfig
 from tunebench.environment import environment
-from tunebench.metrics.aggregate import MEMORY
+from tunebench.metrics.aggregate import MEMORY, max_present
 from tunebench.record import ResultRecord, TrainMetrics
 from tunebench.runner import nproc_per_node, preflight
 from tunebench.store import Store
@@ -136,7 +136,6 @@ def failed_record(cfg: RunConfig, rundir: Path, tail: list[str], device, world: 
     m = TrainMetrics(world_size=world, nnodes=cfg.nnodes, per_rank=[
         {k: v for k, v in r.items() if k != "step_times"} for r in ranks] or None)
     for k in MEMORY:
-        present = [r[k] for r in ranks if r.get(k) is not None]
-        setattr(m, k, max(present) if present else None)
+        setattr(m, k, max_present([r.get(k) for r in ranks]))
     return ResultRecord(config=cfg.model_dump(), config_hash=cfg.config_hash(), environment=environment(device),
                         tags=cfg.tag, status=status, error=error, sweep_id=sweep_id, metrics=m)

@@ -34,7 +34,8 @@ def rank_summary(ctx: DistContext, host: str, loop: LoopResult, cfg: RunConfig, 
     }
 
 
-def _max(values: list) -> int | None:
+def max_present(values: list) -> int | None:
+    """The largest of the values that were measured (None where none was)."""
     present = [v for v in values if v is not None]
     return max(present) if present else None
 
@@ -45,7 +46,7 @@ def combine_ranks(ranks: list[dict], cfg: RunConfig, losses: list[float], flops:
     m = TrainMetrics(world_size=world, losses=losses, loss_first=losses[0] if losses else None,
                      loss_last=losses[-1] if losses else None)
     for k in MEMORY:
-        setattr(m, k, _max([r[k] for r in ranks]))
+        setattr(m, k, max_present([r[k] for r in ranks]))
     if world > 1:
         m.per_rank = [{k: v for k, v in r.items() if k != "step_times"}
                       | {"step_time_mean_s": statistics.fmean(r["step_times"]) if r["step_times"] else None}
