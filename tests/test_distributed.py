@@ -144,3 +144,35 @@ def test_scaling_records_efficiency(tmp_path):
 def test_bad_distributed_input(tb, argv, needle):
     code, out, err = tb("run", "--device", "cpu", *argv)
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+SUMMARY = """Failures:
+[1]:
+  time      : 2026-11-21_09:00:00
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 5)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 5
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_09:00:00
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 4)  (SIGTERM)
+  error_file: /tmp/x/error.json
+  traceback : Traceback (most recent call last):
+============================================================
+"""
+
+
+def test_root_cause_prefers_the_killed_rank_over_torchruns_teardown():
+    """torchrun's 'Root Cause' ties on one-second timestamps; the survivor it SIGTERMed is not the cause."""
+    from tunebench.launch.torchrun import root_cause
+
+    assert root_cause([SUMMARY]) == {"rank": 1, "exitcode": -9, "why": "Signal 9 (SIGKILL) received by PID 5"}
+    crashed = SUMMARY.replace("-9 (pid: 5)  (SIGKILL)", "1 (pid: 5)").replace(
+        "Signal 9 (SIGKILL) received by PID 5", "RuntimeError: boom")
+    assert root_cause([crashed])["rank"] == 0  # no rank died of a signal: torchrun's choice stands
+    assert root_cause(["no summary here"]) is None

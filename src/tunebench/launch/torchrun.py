@@ -102,20 +102,32 @@ def _run_torchrun(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]
     return proc.returncode, list(tail)
 
 
+TEARDOWN = -15  # SIGTERM: how torchrun ends the ranks that survived the first failure
+
+
 def root_cause(tail: list[str]) -> dict | None:
-    """torchrun's 'Root Cause (first observed failure)' block: which rank, its exit code, why."""
+    """The rank that failed first, from torchrun's failure summary.
+
+    torchrun names a 'Root Cause' by timestamps of one-second resolution, so when a rank is killed
+    the survivors' own errors (which torchrun then ends with SIGTERM) can be named instead. A rank
+    that died of any other signal is the cause; otherwise torchrun's choice stands.
+    """
     text = "".join(tail)
-    at = text.rfind("Root Cause")
+    at = text.rfind("Failures:")
+    at = at if at >= 0 else text.rfind("Root Cause")
     if at < 0:
         return None
-    block = text[at:]
-    rank = re.search(r"rank\s*:\s*(\d+)", block)
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
-    why = re.search(r"traceback\s*:\s*(.+)", block)
-    if not rank:
+    entries = []
+    for m in re.finditer(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+).*?traceback\s*:\s*([^\n]*)", text[at:], re.S):
+        entries.append({"rank": int(m.group(1)), "exitcode": int(m.group(2)), "why": m.group(3).strip()})
+    if not entries:
         return None
-    return {"rank": int(rank.group(1)), "exitcode": int(code.group(1)) if code else None,
-            "why": why.group(1).strip() if why else ""}
+    killed = [e for e in entries if e["exitcode"] < 0 and e["exitcode"] != TEARDOWN]
+    if killed:
+        return killed[0]
+    named = text.rfind("Root Cause")
+    first = re.search(r"rank\s*:\s*(\d+)", text[named:]) if named >= 0 else None
+    return next((e for e in entries if first and e["rank"] == int(first.group(1))), entries[0])
 
 
 def failed_record(cfg: RunConfig, rundir: Path, tail: list[str], device, world: int,
