@@ -8,6 +8,9 @@
 #   bash benchmarks/gpu_proof.sh sweeps    # issue 4: the diagnostic suite (mistral-7b QLoRA), then tunebench quick
 #   bash benchmarks/gpu_proof.sh consistency  # issue 4: the seeds' optimised QLoRA config on each local GPU
 #   bash benchmarks/gpu_proof.sh telemetry # issue 6 (part): NVML telemetry on a run, and its overhead
+#   bash benchmarks/gpu_proof.sh hw1       # issue 6: tunebench hw (full sweep) on GPU 0, then load mistral-7b
+#   bash benchmarks/gpu_proof.sh infer     # issue 6: tunebench infer mistral-7b, and our decode loop vs HF generate
+#   bash benchmarks/gpu_proof.sh hw4       # issue 6: tunebench hw collectives across every local GPU (4 H200)
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -50,6 +53,26 @@ sweeps)
 consistency)
   tb consistency --model mistral-7b --method qlora --seq-len 512 --batch-size 8 --grad-ckpt \
     --optimizer paged_adamw_8bit --lora-rank 16 --lora-alpha 32 --steps 20 --warmup 8
+  ;;
+hw1)
+  export CUDA_VISIBLE_DEVICES=0
+  tb hw --tag gpu-proof
+  tb load --model mistral-7b --precisions bf16,fp16,int8,nf4 --tag gpu-proof
+  tb load --model mistral-7b --precisions bf16,nf4 --cache cold --tag gpu-proof
+  tb report --out "$OUT/report"
+  ;;
+infer)
+  export CUDA_VISIBLE_DEVICES=0
+  tb infer --model mistral-7b --precisions bf16,nf4 --batch-sizes 1,8,32,64 --repeats 2 --tag gpu-proof
+  tb infer --model mistral-7b --precisions bf16 --batch-sizes 1,8,32 --kv-cache static --compile --tag gpu-proof
+  python3 benchmarks/vs_hf_generate.py --model mistral-7b --precisions bf16 --batch-sizes 1,8,32 --repeats 2 \
+    --out "$OUT/vs_hf_generate.json"
+  tb report --out "$OUT/report"
+  ;;
+hw4)
+  tb hw --sections collectives --tag gpu-proof
+  tb hw --quick --tag gpu-proof
+  tb report --out "$OUT/report"
   ;;
 telemetry)
   python3 benchmarks/telemetry_overhead.py --pairs 3

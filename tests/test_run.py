@@ -15,7 +15,7 @@ from tunebench import RunConfig, Store, run
 def test_method_writes_correct_record(tb, store, method):
     rec = run_json(tb, store, "--method", method, "--tag", "t1", "--tag", "two words")
     m, c = rec["metrics"], rec["config"]
-    assert rec["status"] == "ok" and rec["error"] is None and rec["schema_version"] == 1
+    assert rec["status"] == "ok" and rec["error"] is None and rec["schema_version"] == 2
     assert c["method"] == method and rec["tags"] == ["t1", "two words"]
     # 3 timed steps x batch 2 x seq 64 x accum 1, one process
     assert m["timed_steps"] == 3 and m["timed_tokens"] == 3 * 2 * 64 and m["world_size"] == 1

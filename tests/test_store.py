@@ -55,3 +55,13 @@ def test_run_killed_mid_training_keeps_store_intact(tmp_path, tb):
     with Store(db) as s:
         assert s.integrity_check() == "ok"
         assert [r.id for r in s.records()] == [first["id"]]
+
+
+def test_schema_v1_records_still_read(tb, store):
+    """Version 1 records (all kind train, written before hw/load/infer existed) read as they were."""
+    from tunebench.record import ResultRecord, TrainMetrics
+
+    rec = run_json(tb, store) | {"schema_version": 1}
+    back = ResultRecord.model_validate(rec)
+    assert back.schema_version == 1 and isinstance(back.metrics, TrainMetrics)
+    assert back.metrics.tokens_per_s == rec["metrics"]["tokens_per_s"]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import NoReturn, Sequence, get_origin
+import types
+from typing import NoReturn, Sequence, Union, get_args, get_origin
 
-from tunebench.config import RunConfig
+from pydantic import BaseModel
+
+from tunebench.config import HwConfig, InferConfig, LoadConfig, RunConfig
 from tunebench.errors import UserError
 
 
@@ -16,14 +19,20 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per RunConfig field, same name with dashes; None means 'not given' so YAML keeps its value."""
-    for name, field in RunConfig.model_fields.items():
+def _is_list(annotation: object) -> bool:
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(_is_list(a) for a in get_args(annotation))
+    return get_origin(annotation) is list
+
+
+def _add_config_flags(p: argparse.ArgumentParser, cls: type[BaseModel] = RunConfig) -> None:
+    """One flag per config field, same name with dashes; None means 'not given' so YAML keeps its value."""
+    for name, field in cls.model_fields.items():
         flag = "--" + name.replace("_", "-")
         help_ = field.description or ""
         if field.annotation is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
-        elif get_origin(field.annotation) is list:
+        elif _is_list(field.annotation):
             p.add_argument(flag, dest=name, action="append", default=None, help=help_ + " (repeatable)")
         else:
             p.add_argument(flag, dest=name, default=None, help=f"{help_} (default {field.default})".strip())
@@ -126,6 +135,19 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--threshold", type=float, default=0.05, help="flag changes beyond this fraction (0.05)")
     _store_arg(cmp_)
 
+    for name, cls, help_ in (
+            ("hw", HwConfig, "what the machine can do: matmul TFLOP/s (MAMF), memory and host<->device bandwidth, "
+                             "all-reduce/all-gather/reduce-scatter across local GPUs (gloo processes on CPU)"),
+            ("load", LoadConfig, "load time and memory of a model at each precision (bf16, fp16, int8, nf4)"),
+            ("infer", InferConfig, "text generation: tokens/s, time to first token, prefill and decode rates by batch "
+                                   "size and precision")):
+        b = sub.add_parser(name, help=help_)
+        b.add_argument("config", nargs="?", help="YAML config; flags override its keys")
+        _add_config_flags(b, cls)
+        b.add_argument("--json", action="store_true", help="print the records as JSON on stdout")
+        b.add_argument("--no-store", action="store_true", help="do not write the records to the store")
+        _store_arg(b)
+
     quick = sub.add_parser("quick", help="a quick benchmark sized for this machine, with a comparison table")
     quick.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     quick.add_argument("--out", default="tunebench-report", help="report folder (default ./tunebench-report)")
@@ -151,9 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command(name: str):
     """The handler of a subcommand, imported only when it runs (keeps `--help` and bad input fast)."""
-    from tunebench.commands import deploy, results, run, sweep
+    from tunebench.commands import bench, deploy, results, run, sweep
 
-    return {"run": run.cmd_run, "quick": run.cmd_quick, "sweep": sweep.cmd_sweep,
+    return {"hw": bench.cmd_hw, "load": bench.cmd_load, "infer": bench.cmd_infer, "run": run.cmd_run, "quick": run.cmd_quick, "sweep": sweep.cmd_sweep,
             "consistency": sweep.cmd_consistency, "results": results.cmd_results, "report": results.cmd_report,
             "cost": results.cmd_cost, "compare": results.cmd_compare, "deploy": deploy.cmd_deploy,
             "collect": deploy.cmd_collect}[name]

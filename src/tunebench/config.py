@@ -1,6 +1,7 @@
-"""Run configuration: one validated pydantic model, read from YAML and/or CLI flags (flags win).
+"""Configurations: one validated pydantic model per command, read from YAML and/or CLI flags (flags win).
 
-Everything that can be checked without building a model is checked here, so bad input fails in
+RunConfig is a training benchmark; HwConfig, LoadConfig and InferConfig are `tunebench hw`, `load`
+and `infer`. Everything that can be checked without building a model is checked here, so bad input fails in
 well under a second with one line naming the field, the value and what is allowed.
 """
 
@@ -93,8 +94,130 @@ class RunConfig(BaseModel):
 
     def config_hash(self) -> str:
         """Identity of the workload (tags excluded), used to match results across sweeps."""
-        data = self.model_dump(exclude=LAUNCH_ONLY)
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        return config_hash(self.model_dump(exclude=LAUNCH_ONLY))
+
+
+def config_hash(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_bytes(v: Any) -> Any:
+    """'32K', '1M', '1G' (binary, as nccl-tests reads -b/-e) or a plain integer number of bytes."""
+    if isinstance(v, str):
+        t = v.strip().upper().removesuffix("IB").removesuffix("B")
+        unit = t[-1:] if t[-1:] in UNITS else ""
+        if not t[: len(t) - len(unit)].isdigit():
+            raise ValueError(f"{v!r} is not a size (use bytes or a number with K, M or G)")
+        return int(t[: len(t) - len(unit)]) * UNITS[unit]
+    return v
+
+
+def _listify(v: Any) -> Any:
+    """A list from YAML, a repeated flag, or one comma-separated string ('bf16,nf4', '1,8,32')."""
+    if isinstance(v, str):
+        return [x.strip() for x in v.split(",") if x.strip()]
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        return [y.strip() for x in v for y in x.split(",") if y.strip()]
+    return v
+
+
+BenchPrecision = Literal["bf16", "fp16", "int8", "nf4", "fp4"]
+HwSection = Literal["matmul", "bandwidth", "collectives"]
+
+
+class _BenchConfig(BaseModel):
+    """What hw, load and infer share: where they run, telemetry, tags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) on GPUs")
+    tag: list[str] = Field(default_factory=list, description="free-text labels stored with the records")
+
+    @field_validator("tag", mode="before")
+    @classmethod
+    def _tags(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    def config_hash(self) -> str:
+        return config_hash(self.model_dump(exclude={"tag", "telemetry"}))
+
+
+class HwConfig(_BenchConfig):
+    """`tunebench hw`: matmul (MAMF), memory bandwidths, collectives."""
+
+    quick: bool = Field(False, description="the one-minute version: fewer shapes, sizes and iterations")
+    sections: list[HwSection] = Field(default_factory=lambda: ["matmul", "bandwidth", "collectives"],
+                                      description="what to measure, comma-separated: matmul, bandwidth, "
+                                                  "collectives (default all)")
+    dtypes: list[Literal["bf16", "fp16", "tf32", "fp8", "fp32"]] | None = Field(
+        None, description="matmul dtypes, comma-separated (default: bf16, fp16, tf32 and fp8 where the GPU has "
+                          "it; fp32, bf16 on CPU)")
+    nproc: int | None = Field(None, ge=2, description="processes for the collectives (default: every GPU; 2 on CPU)")
+    min_size: int = Field(32 * 2**10, gt=0, description="smallest collective buffer (default 32K)")
+    max_size: int | None = Field(None, gt=0, description="largest collective buffer (default 1G; 32M for --quick "
+                                                         "on CPU)")
+    iters: int | None = Field(None, gt=0, description="timed iterations per measurement (default 100, 20 quick)")
+    timeout: float = Field(600.0, gt=0, description="seconds the collectives may take before they are stopped")
+
+    _sizes = field_validator("min_size", "max_size", mode="before")(classmethod(lambda cls, v: parse_bytes(v)))
+    _lists = field_validator("sections", "dtypes", mode="before")(classmethod(lambda cls, v: _listify(v)))
+
+    @model_validator(mode="after")
+    def _check(self) -> HwConfig:
+        if self.max_size is not None and self.max_size < self.min_size:
+            raise ValueError(f"max_size={self.max_size} must be at least min_size={self.min_size}")
+        return self
+
+
+class _ModelBenchConfig(_BenchConfig):
+    model: str = Field("tiny-llama", description="preset name or local Hugging Face model directory")
+    precisions: list[BenchPrecision] = Field(default_factory=lambda: ["bf16", "int8", "nf4"],
+                                             description="weights, comma-separated: bf16, fp16, int8 (LLM.int8), "
+                                                         "nf4, fp4")
+    double_quant: bool = Field(True, description="4-bit: quantize the quantization constants too")
+    attn: Literal["sdpa", "eager", "flash"] = "sdpa"
+    seed: int = 0
+
+    _lists = field_validator("precisions", mode="before")(classmethod(lambda cls, v: _listify(v)))
+
+
+class LoadConfig(_ModelBenchConfig):
+    """`tunebench load`: load time and memory per precision."""
+
+    cache: Literal["warm", "cold"] = Field("warm", description="warm: files read once before timing; cold: "
+                                                               "evicted from the page cache before each load")
+    workdir: str | None = Field(None, description="where a preset is written as safetensors first (default: a "
+                                                  "temporary directory, removed after)")
+
+
+class InferConfig(_ModelBenchConfig):
+    """`tunebench infer`: greedy generation per precision and batch size."""
+
+    precisions: list[BenchPrecision] = Field(default_factory=lambda: ["bf16", "nf4"],
+                                             description="weights, comma-separated: bf16, fp16, int8 (LLM.int8), "
+                                                         "nf4, fp4")
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64],
+                                   description="comma-separated (default 1,2,4,8,16,32,64)")
+    prompt_len: int = Field(128, gt=0, description="prompt tokens per sequence")
+    new_tokens: int = Field(128, ge=2, description="tokens generated per sequence (always all of them)")
+    kv_cache: Literal["dynamic", "static"] = Field("dynamic", description="static: preallocated (needed by compile)")
+    compile: bool = Field(False, description="torch.compile the decode step (CUDA graphs on GPUs); needs static cache")
+    warmup: int = Field(1, ge=0, description="untimed generations first")
+    repeats: int = Field(3, gt=0, description="timed generations; the record holds their medians")
+
+    _lists = field_validator("precisions", "batch_sizes", mode="before")(classmethod(lambda cls, v: _listify(v)))
+
+    @model_validator(mode="after")
+    def _check(self) -> InferConfig:
+        if self.compile and self.kv_cache != "static":
+            raise ValueError("compile=true needs kv_cache=static (a growing cache would recompile every step)")
+        if any(b <= 0 for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes={self.batch_sizes} must be positive")
+        return self
 
 
 def _is_endpoint(s: str) -> bool:
@@ -105,23 +228,24 @@ def _is_endpoint(s: str) -> bool:
 FIELDS = tuple(RunConfig.model_fields)
 
 
-def _one_line(err: ValidationError, raw: dict[str, Any]) -> str:
+def _one_line(err: ValidationError, raw: dict[str, Any], fields: tuple[str, ...] = FIELDS) -> str:
     """Turn pydantic's multi-line report into one line naming field, value and what is allowed."""
     e = err.errors()[0]
-    field = ".".join(str(p) for p in e["loc"]) or "config"
+    loc = [p for p in e["loc"] if not isinstance(p, int)]  # a list item's index is not a field
+    field = ".".join(str(p) for p in loc) or "config"
     if e["type"] == "extra_forbidden":
-        return f"unknown key {field!r} (allowed keys: {', '.join(FIELDS)})"
+        return f"unknown key {field!r} (allowed keys: {', '.join(fields)})"
     msg = e["msg"].removeprefix("Value error, ")
     if not e["loc"]:  # model-level check: the message already names the fields
         return f"invalid config: {msg}"
-    return str(invalid(field, e.get("input", raw.get(field)), msg))
+    return str(invalid(field, raw.get(field, e.get("input")), msg))
 
 
-def build_config(data: dict[str, Any]) -> RunConfig:
+def build_config(data: dict[str, Any], cls: type[BaseModel] = RunConfig) -> Any:
     try:
-        return RunConfig.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as err:
-        raise UserError(_one_line(err, data)) from None
+        raise UserError(_one_line(err, data, tuple(cls.model_fields))) from None
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -141,8 +265,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path | None = None, **overrides: Any) -> RunConfig:
+def load_config(path: str | Path | None = None, cls: type[BaseModel] = RunConfig, **overrides: Any) -> Any:
     """YAML file (optional) with keyword overrides laid over it; overrides set to None are ignored."""
     data = read_yaml(path) if path else {}
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return build_config(data)
+    return build_config(data, cls)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-SCHEMA_VERSION = 1
+# 2: kinds hw, load and infer, each with its own metrics (version 1 records, all kind train, read as before)
+SCHEMA_VERSION = 2
 Status = Literal["ok", "oom", "failed", "timeout", "nan"]
+Kind = Literal["train", "hw", "load", "infer"]
 
 
 class StepTimes(BaseModel):
@@ -60,13 +63,96 @@ class TrainMetrics(BaseModel):
     energy_j_per_token: float | None = None
 
 
-class ResultRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class HwMetrics(BaseModel):
+    """`tunebench hw`: what the device itself can do. GB/s and TFLOP/s are decimal (1e9, 1e12)."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="strings")
+
+    device_name: str | None = None
+    mamf_tflops: float | None = None  # best per-shape mean TFLOP/s of mamf_dtype over the shapes swept
+    mamf_dtype: str | None = None
+    mamf_shape: list[int] | None = None  # m, n, k
+    mamf_fraction_of_peak: float | None = None  # of the dense bf16 peak in metrics/flops.py, where known
+    matmul: list[dict[str, Any]] = Field(default_factory=list)  # per dtype: best figures and every shape
+    copy_gbps: float | None = None  # device memory copy, (read + write bytes) / time, median
+    device_copy: dict[str, Any] | None = None  # its bytes, iterations, best and mean
+    transfers: list[dict[str, Any]] = Field(default_factory=list)  # host<->device, pinned and pageable
+    collectives: list[dict[str, Any]] = Field(default_factory=list)  # op, bytes, time, algbw, busbw (nccl-tests)
+    collective_world_size: int | None = None
+    collective_backend: str | None = None
+    busbw_peak_gbps: dict[str, float] | None = None  # per op: the highest busbw over the sizes
+    sections: dict[str, str] = Field(default_factory=dict)  # section -> "ok", "skipped: why" or the error
+    collectives_telemetry: dict[str, Any] | None = None
+    telemetry: dict[str, Any] | None = None
+    wall_s: float | None = None
+
+
+class LoadMetrics(BaseModel):
+    """`tunebench load`: time and memory to load a model at one precision."""
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="strings")
+
+    precision: str | None = None
+    load_s: float | None = None  # from_pretrained, from call to weights on the device (synchronised)
+    disk_bytes: int | None = None  # safetensors files read
+    read_gbps: float | None = None  # disk_bytes / load_s
+    cache: str | None = None  # 'warm' (files read once before) or 'cold' (evicted from the page cache)
+    model_bytes: int | None = None  # parameters + buffers as loaded (what the weights occupy)
+    mem_allocated_bytes: int | None = None  # allocated on the GPU once loaded
+    mem_fraction: float | None = None  # mem_allocated_bytes / the GPU's memory
+    peak_mem_allocated_bytes: int | None = None  # during the load (quantization needs transient room)
+    peak_mem_reserved_bytes: int | None = None
+    nvml_mem_used_bytes: int | None = None
+    rss_delta_bytes: int | None = None  # host memory the process grew by (what a CPU load costs)
+    peak_rss_bytes: int | None = None
+    params_total: int | None = None
+    weights: str | None = None  # 'safetensors' (local directory) or 'random' (preset written to a temp dir)
+    telemetry: dict[str, Any] | None = None
+
+
+class InferMetrics(BaseModel):
+    """`tunebench infer`: greedy generation at one batch size and precision (medians over the repeats)."""
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="strings")
+
+    batch_size: int = 1
+    prompt_len: int = 0
+    new_tokens: int = 0
+    repeats: int = 0
+    tokens_per_s: float | None = None  # generated tokens (batch x new) / (prefill + decode time)
+    ttft_s: float | None = None  # time to first token: prefill and the first token's choice
+    prefill_tokens_per_s: float | None = None  # prompt tokens (batch x prompt) / ttft
+    decode_s: float | None = None  # after the first token, to the last
+    decode_tokens_per_s: float | None = None  # batch x (new - 1) / decode_s
+    ms_per_token: float | None = None  # one decode step (every sequence of the batch advances one token)
+    ttft_all_s: list[float] = Field(default_factory=list)
+    decode_all_s: list[float] = Field(default_factory=list)
+    warmup_s: float | None = None  # the untimed first generation (includes torch.compile when on)
+    model_bytes: int | None = None
+    weight_read_gbps: float | None = None  # model_bytes read per decode step / step time: a floor on traffic
+    peak_mem_allocated_bytes: int | None = None
+    peak_mem_reserved_bytes: int | None = None
+    nvml_mem_used_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    params_total: int | None = None
+    weights: str | None = None
+    telemetry: dict[str, Any] | None = None
+    energy_j_per_token: float | None = None  # per generated token
+
+
+METRICS = {"train": TrainMetrics, "hw": HwMetrics, "load": LoadMetrics, "infer": InferMetrics}
+AnyMetrics = TrainMetrics | HwMetrics | LoadMetrics | InferMetrics
+
+
+class ResultRecord(BaseModel):
+    # NaN/Inf (a diverged loss) as "NaN"/"Infinity" strings here too: through the metrics union the
+    # inner models' own setting is not applied.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    kind: str = "train"
+    kind: Kind = "train"
     status: Status = "failed"
     error: str | None = None
     sweep_id: str | None = None
@@ -74,7 +160,16 @@ class ResultRecord(BaseModel):
     config: dict[str, Any]
     config_hash: str
     environment: dict[str, Any]
-    metrics: TrainMetrics = Field(default_factory=TrainMetrics)
+    metrics: AnyMetrics = Field(default_factory=TrainMetrics)
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metrics_of_kind(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each kind has its own metrics class; a dict (a stored record) is read as that class."""
+        want = METRICS[info.data.get("kind", "train")]
+        if isinstance(value, want):
+            return value
+        return want.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
 
 
 def json_schema() -> dict[str, Any]:
@@ -86,15 +181,14 @@ def flat_row(rec: ResultRecord) -> dict[str, Any]:
     row: dict[str, Any] = {k: getattr(rec, k) for k in ("id", "created_at", "kind", "status", "error", "sweep_id",
                                                         "config_hash")}
     row["tags"] = ",".join(rec.tags)
-    row |= {f"config.{k}": ",".join(v) if isinstance(v, list) else v for k, v in rec.config.items()}
-    metrics = rec.metrics.model_dump(exclude={"losses", "per_rank"})
-    times = metrics.pop("step_time_s") or {}
-    scaling = metrics.pop("scaling") or {}
-    telemetry = metrics.pop("telemetry") or {}
-    row |= {f"metrics.telemetry_{k}": ",".join(v) if isinstance(v, list) else v for k, v in telemetry.items()}
-    row |= {f"metrics.{k}": v for k, v in metrics.items()}
-    row |= {f"metrics.step_time_{k}_s": v for k, v in times.items()}
-    row |= {f"metrics.scaling_{k}": v for k, v in scaling.items()}
+    row |= {f"config.{k}": _cell(v) for k, v in rec.config.items()}
+    for k, v in rec.metrics.model_dump(exclude={"losses", "per_rank"}).items():
+        if k == "step_time_s":
+            row |= {f"metrics.step_time_{a}_s": b for a, b in (v or {}).items()}
+        elif isinstance(v, dict):  # telemetry, scaling, busbw_peak_gbps, sections: one column per key
+            row |= {f"metrics.{k}_{a}": _cell(b) for a, b in v.items()}
+        elif v is not None or k not in ("telemetry", "scaling", "collectives_telemetry"):
+            row[f"metrics.{k}"] = _cell(v)
     env = rec.environment
     gpu = env.get("gpu", {})
     row |= {"env.device": env.get("device"), "env.gpu": gpu.get("name"), "env.gpu_count": gpu.get("count"),
@@ -102,3 +196,12 @@ def flat_row(rec: ResultRecord) -> dict[str, Any]:
     row |= {f"env.{k}": v for k, v in env.get("versions", {}).items()}
     row["env.git_commit"] = env.get("tunebench", {}).get("git_commit")
     return row
+
+
+def _cell(v: Any) -> Any:
+    """A value for one CSV/Parquet cell: lists of plain values joined, nested data as JSON."""
+    if isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v):
+        return ",".join(str(x) for x in v)
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return v

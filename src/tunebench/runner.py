@@ -10,7 +10,6 @@ since the loss is averaged over ranks, so all of them stop together and report i
 
 from __future__ import annotations
 
-import gc
 import importlib
 import json
 import socket
@@ -33,7 +32,7 @@ from tunebench.launch.context import SINGLE, DistContext
 from tunebench.methods import apply_method, check_targets
 from tunebench.metrics.aggregate import combine_ranks, rank_summary
 from tunebench.metrics.flops import FlopsPerToken, flops_per_token
-from tunebench.metrics.memory import peak_memory, reset_peak
+from tunebench.metrics.memory import peak_memory, release, reset_peak
 from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import ModelSpec, build_model, load_meta_model, resolve_model
 from tunebench.record import ResultRecord
@@ -156,7 +155,7 @@ def execute(plan: Plan, progress: ProgressFn | None = None, started: float | Non
     except Exception as err:
         if ctx.world_size > 1:
             raise  # let this rank die now: torchrun stops the others, the launcher records why
-        rec.status, rec.error = _failure(err)
+        rec.status, rec.error = failure(err)
     mine = rank_summary(ctx, socket.gethostname(), out.loop, cfg, peak_memory(device))
     if rank_file:  # this rank's figures survive even if another rank dies before the gather
         rank_file.write_text(json.dumps(mine))
@@ -164,22 +163,18 @@ def execute(plan: Plan, progress: ProgressFn | None = None, started: float | Non
     rec.metrics.setup_s, rec.metrics.weights = out.setup_s, out.weights
     rec.metrics.params_total, rec.metrics.params_trainable = out.params_total, out.params_trainable
     rec.metrics.nnodes = ctx.nnodes
-    _release(device)
+    release(device)
     return rec
 
 
-def _failure(err: BaseException) -> tuple[str, str]:
+def failure(err: BaseException) -> tuple[str, str]:
+    """The status and error of a result that an exception ended (call inside the except block)."""
     if isinstance(err, torch.cuda.OutOfMemoryError):
         return "oom", str(err).splitlines()[0]
     if isinstance(err, MemoryError):
         return "oom", f"host out of memory: {err}"
     return "failed", traceback.format_exc(limit=-8)[-4000:]
 
-
-def _release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def run(cfg: RunConfig, progress: ProgressFn | None = None) -> ResultRecord:

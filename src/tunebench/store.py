@@ -74,7 +74,7 @@ class Store:
                 "INSERT OR IGNORE INTO results (id, created_at, kind, status, model, method, device, tokens_per_s,"
                 " config_hash, sweep_id, record) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (rec.id, rec.created_at, rec.kind, rec.status, cfg.get("model"), cfg.get("method"),
-                 rec.environment.get("device"), rec.metrics.tokens_per_s, rec.config_hash, rec.sweep_id,
+                 rec.environment.get("device"), getattr(rec.metrics, "tokens_per_s", None), rec.config_hash, rec.sweep_id,
                  rec.model_dump_json()),
             )
         return cur.rowcount == 1

@@ -81,7 +81,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.publish:
         (out / "publish").mkdir(exist_ok=True)
         for r in records:
-            publish(r, out / "publish", names.get(r.config_hash))
+            if r.kind == "train":
+                publish(r, out / "publish", names.get(r.config_hash))
     Console(stderr=True).print(f"wrote {len(files)} files to {out}/ ({len(records)} results): "
                                + ", ".join(p.name for p in files if p.is_file()))
     print(out / "report.html", file=args.stdout)
@@ -98,6 +99,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
     with Store(args.store) as store:
         rec = store.get(args.id)
+    if rec.kind != "train":
+        raise UserError(f"result {rec.id[:12]} is a {rec.kind} result; cost applies to training results")
     if rec.status != "ok" or not rec.metrics.tokens_per_s:
         raise UserError(f"result {rec.id[:12]} has status {rec.status} and no throughput to cost")
     gpu = rec.environment.get("gpu", {}).get("name")

@@ -118,7 +118,7 @@ def cmd_consistency(args: argparse.Namespace) -> int:
     store_path = Path(args.store or default_store_path())
     if args.sweep or args.with_tag:
         with Store(store_path) as store:
-            recs = [r for r in store.records(sweep_id=args.sweep) if r.status == "ok" and r.metrics.tokens_per_s
+            recs = [r for r in store.records("train", args.sweep) if r.status == "ok" and r.metrics.tokens_per_s
                     and (not args.with_tag or args.with_tag in r.tags)]
         groups = collections.Counter(r.config_hash for r in recs)
         if not groups:

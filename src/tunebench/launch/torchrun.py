@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from tunebench.config import RunConfig
@@ -40,7 +41,7 @@ def torchrun_argv(cfg: RunConfig, nproc: int, rundir: Path) -> list[str]:
     return argv + ["-m", "tunebench.launch.worker", str(rundir)]
 
 
-def _env(nproc: int, cpu: bool) -> dict[str, str]:
+def torchrun_env(nproc: int, cpu: bool) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if cpu:  # share the cores between the ranks instead of oversubscribing them
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -57,7 +58,7 @@ def launch(cfg: RunConfig, store: str | Path | None, sweep_id: str | None = None
         job = {"config": cfg.model_dump(), "store": str(store) if store else None, "sweep_id": sweep_id,
                "scaling_baseline": scaling_baseline, "record_id": record_id}
         (rundir / "job.json").write_text(json.dumps(job))
-        code, tail = _run_torchrun(torchrun_argv(cfg, nproc, rundir), _env(nproc, plan.device.type == "cpu"))
+        code, tail = run_torchrun(torchrun_argv(cfg, nproc, rundir), torchrun_env(nproc, plan.device.type == "cpu"))
         result = rundir / "result.json"
         if result.exists():
             return ResultRecord.model_validate_json(result.read_text())
@@ -82,16 +83,31 @@ def die_with_parent() -> None:
         pass
 
 
-def _run_torchrun(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
-    """Run torchrun, echoing its output to stderr; returns its exit code and last lines."""
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass
+
+
+def run_torchrun(argv: list[str], env: dict[str, str], timeout: float | None = None) -> tuple[int, list[str]]:
+    """Run torchrun, echoing its output to stderr; returns its exit code and last lines.
+
+    After `timeout` seconds torchrun and every rank are killed (the last line then says so).
+    """
     tail: collections.deque[str] = collections.deque(maxlen=120)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, bufsize=1, preexec_fn=die_with_parent)
+    timer = threading.Timer(timeout, _kill_group, (proc.pid,)) if timeout else None
+    if timer:
+        timer.start()
     try:
         for line in proc.stdout:
             sys.stderr.write(line)
             tail.append(line)
         proc.wait()
+        if timer and not timer.is_alive():
+            tail.append(f"killed after the {timeout:.0f} s time limit\n")
     except BaseException:  # Ctrl-C or the caller's timeout: end torchrun and every rank with it
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -99,6 +115,9 @@ def _run_torchrun(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         raise
+    finally:
+        if timer:
+            timer.cancel()
     return proc.returncode, list(tail)
 
 

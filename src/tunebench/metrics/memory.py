@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import sys
 
@@ -36,3 +37,19 @@ def peak_memory(device: torch.device) -> dict[str, int | None]:
         out["peak_mem_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
         out["nvml_mem_used_bytes"] = nvml_used_bytes(device)
     return out
+
+
+def current_rss_bytes() -> int | None:
+    """Resident memory of this process now (Linux), to measure what one step added."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return None
+
+
+def release(device: torch.device) -> None:
+    """Free what the last model left: Python garbage, then the allocator's cached blocks."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

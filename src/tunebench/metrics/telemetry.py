@@ -114,3 +114,11 @@ def combine(per_rank: list[dict | None]) -> dict | None:
         "throttle_reasons": sorted({r for t in ranks for r in t["throttle_reasons"]}),
         "energy_source": ranks[0]["energy_source"], "samples": sum(t["samples"] for t in ranks),
     }
+
+
+def start(device, enabled: bool = True) -> Telemetry | None:
+    """A sampler running on this GPU, or None: CPU, telemetry off, or no NVML (then fields stay absent)."""
+    if not enabled or getattr(device, "type", None) != "cuda":
+        return None
+    t = Telemetry(device.index or 0)
+    return t if t.start() else None

@@ -47,3 +47,33 @@ class StepTimer:
         else:
             steps = [b - a for a, b in zip(self.marks, self.marks[1:])]
         return wall, steps
+
+
+def time_calls(fn, device: torch.device, iters: int, warmup: int = 0, before=None) -> list[float]:
+    """Seconds of each of `iters` calls of `fn`, after `warmup` untimed calls.
+
+    `before` runs before every call outside the timed span (mamf-finder flushes the L2 cache there).
+    On GPUs each call sits between two CUDA events and nothing waits for the host; on CPU
+    perf_counter brackets the (synchronous) call.
+    """
+    for _ in range(warmup):
+        if before:
+            before()
+        fn()
+    synchronize(device)
+    spans = []
+    for _ in range(iters):
+        if before:
+            before()
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            spans.append((a, b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            spans.append(time.perf_counter() - t0)
+    synchronize(device)
+    return [a.elapsed_time(b) / 1e3 for a, b in spans] if device.type == "cuda" else spans

@@ -1,13 +1,18 @@
 """Put a model on the device without a detour through a checkpoint or full-precision CPU weights.
 
 Presets (and local directories without weights) are built on the meta device, then each parameter
-is created directly on the target device with random values. For QLoRA the linear layers become
-bitsandbytes ``Linear4bit`` while still on meta and are quantized one at a time, so at most one
-layer's bf16 weight exists at once. Local directories with safetensors go through
+is created directly on the target device with random values. Quantized models (QLoRA's NF4, or
+int8/nf4 for inference) get bitsandbytes layers while still on meta, quantized one at a time, so at
+most one layer's bf16 weight exists at once. Local directories with safetensors go through
 ``from_pretrained`` (which quantizes while loading when asked).
+
+Training and inference describe what they want as ``Weights``; ``build`` does the rest.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from accelerate import init_empty_weights
@@ -22,26 +27,43 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ATTN_IMPL = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}
 
 
+Quant = Literal["nf4", "fp4", "int8"]
+
+
+@dataclass(frozen=True)
+class Weights:
+    """How the weights are stored: dtype of unquantized parameters, and the quantization of the linears."""
+
+    dtype: torch.dtype = torch.bfloat16
+    quant: Quant | None = None
+    compute_dtype: torch.dtype = torch.bfloat16  # what quantized layers compute in
+    double_quant: bool = True
+    attn: str = "sdpa"
+    seed: int = 0
+    use_cache: bool = False  # training needs no KV cache; generation does
+
+
 def compute_dtype(cfg: RunConfig) -> torch.dtype:
     if cfg.method == "qlora" and cfg.quant_compute_dtype != "auto":
         return DTYPES[cfg.quant_compute_dtype]
     return DTYPES[cfg.precision]
 
 
-def param_dtype(cfg: RunConfig) -> torch.dtype:
+def train_weights(cfg: RunConfig) -> Weights:
     # Full training keeps fp32 master weights under autocast (mixed precision); frozen LoRA/QLoRA
     # bases are stored in the compute dtype, which halves their memory and needs no casts.
-    return torch.float32 if cfg.method == "full" else compute_dtype(cfg)
+    dtype = torch.float32 if cfg.method == "full" else compute_dtype(cfg)
+    return Weights(dtype, cfg.quant if cfg.method == "qlora" else None, compute_dtype(cfg), cfg.double_quant,
+                   cfg.attn, cfg.seed)
 
 
-def load_meta_model(spec: ModelSpec, cfg: RunConfig) -> PreTrainedModel:
+def load_meta_model(spec: ModelSpec, cfg: RunConfig | Weights) -> PreTrainedModel:
     """The architecture with parameters on meta (no memory) and buffers (rotary tables) real on CPU."""
+    w = train_weights(cfg) if isinstance(cfg, RunConfig) else cfg
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(
-            spec.hf_config, attn_implementation=ATTN_IMPL[cfg.attn], dtype=param_dtype(cfg)
-        )
+        model = AutoModelForCausalLM.from_config(spec.hf_config, attn_implementation=ATTN_IMPL[w.attn], dtype=w.dtype)
     model.tie_weights()  # from_config leaves tied heads (GPT-2, Llama-3.2) untied; the real models tie them
-    model.config.use_cache = False
+    model.config.use_cache = w.use_cache
     return model
 
 
@@ -55,18 +77,24 @@ def quantizable_linears(model: PreTrainedModel) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if is_linear(m) and m is not head]
 
 
-def _replace_with_4bit(model: PreTrainedModel, cfg: RunConfig) -> None:
+def _replace_with_quantized(model: PreTrainedModel, w: Weights) -> None:
     import bitsandbytes as bnb
 
     for name, lin in quantizable_linears(model):
         # Conv1D (GPT-2) stores its weight as (in, out); Linear as (out, in).
         out_f, in_f = (lin.weight.shape[1], lin.weight.shape[0]) if isinstance(lin, Conv1D) else lin.weight.shape
-        q = bnb.nn.Linear4bit(in_f, out_f, bias=lin.bias is not None, compute_dtype=compute_dtype(cfg),
-                              compress_statistics=cfg.double_quant, quant_type=cfg.quant,
-                              quant_storage=torch.uint8, device="meta")
+        if w.quant == "int8":
+            q = bnb.nn.Linear8bitLt(in_f, out_f, bias=lin.bias is not None, has_fp16_weights=False, device="meta")
+        else:
+            q = bnb.nn.Linear4bit(in_f, out_f, bias=lin.bias is not None, compute_dtype=w.compute_dtype,
+                                  compress_statistics=w.double_quant, quant_type=w.quant,
+                                  quant_storage=torch.uint8, device="meta")
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, q)
-    model.is_loaded_in_4bit = True  # tells peft to wrap these layers with its 4-bit LoRA
+    if w.quant == "int8":
+        model.is_loaded_in_8bit = True
+    else:
+        model.is_loaded_in_4bit = True  # tells peft to wrap these layers with its 4-bit LoRA
 
 
 def _new_param(module: nn.Module, pname: str, meta: nn.Parameter, device: torch.device, dtype: torch.dtype,
@@ -81,10 +109,10 @@ def _new_param(module: nn.Module, pname: str, meta: nn.Parameter, device: torch.
     return nn.Parameter(t, requires_grad=meta.requires_grad)
 
 
-def _materialize(model: PreTrainedModel, cfg: RunConfig, device: torch.device) -> None:
-    """Create every meta parameter on the device, quantizing 4-bit layers one at a time."""
+def _materialize(model: PreTrainedModel, w: Weights, device: torch.device) -> None:
+    """Create every meta parameter on the device, quantizing layers one at a time."""
     std = getattr(model.config, "initializer_range", 0.02)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    gen = torch.Generator(device=device).manual_seed(w.seed)
     done: dict[int, nn.Parameter] = {}  # tied weights (embeddings / lm_head) are created once
     for module in model.modules():
         for pname, p in list(module.named_parameters(recurse=False)):
@@ -93,46 +121,63 @@ def _materialize(model: PreTrainedModel, cfg: RunConfig, device: torch.device) -
             if id(p) in done:
                 setattr(module, pname, done[id(p)])
                 continue
-            if pname == "weight" and type(module).__name__ == "Linear4bit":
-                new = _quantized_weight(module, p, device, cfg, std, gen)
+            if pname == "weight" and type(module).__name__ in ("Linear4bit", "Linear8bitLt"):
+                new = _quantized_weight(module, device, w, std, gen)
             else:
-                new = _new_param(module, pname, p, device, param_dtype(cfg), std, gen)
+                new = _new_param(module, pname, p, device, w.dtype, std, gen)
             done[id(p)] = new
             setattr(module, pname, new)
     model.to(device)  # the buffers (rotary tables) that were kept real on the CPU
 
 
-def _quantized_weight(module: nn.Module, meta: nn.Parameter, device: torch.device, cfg: RunConfig,
-                      std: float, gen: torch.Generator) -> nn.Parameter:
+def _quantized_weight(module: nn.Module, device: torch.device, w: Weights, std: float,
+                      gen: torch.Generator) -> nn.Parameter:
     import bitsandbytes as bnb
 
-    full = torch.empty(module.out_features, module.in_features, device=device, dtype=compute_dtype(cfg))
+    full = torch.empty(module.out_features, module.in_features, device=device, dtype=w.compute_dtype)
     full.normal_(0.0, std, generator=gen)
-    w = bnb.nn.Params4bit(full, requires_grad=False, quant_type=cfg.quant, compress_statistics=cfg.double_quant,
-                          quant_storage=torch.uint8, module=module)
-    return w.to(device)  # quantizes; the bf16 tensor is freed when `full` goes out of scope
+    if w.quant == "int8":
+        q = bnb.nn.Int8Params(full, requires_grad=False, has_fp16_weights=False)
+    else:
+        q = bnb.nn.Params4bit(full, requires_grad=False, quant_type=w.quant, compress_statistics=w.double_quant,
+                              quant_storage=torch.uint8, module=module)
+    return q.to(device)  # quantizes; the bf16 tensor is freed when `full` goes out of scope
 
 
-def _from_pretrained(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> PreTrainedModel:
-    kwargs: dict = dict(dtype=param_dtype(cfg), attn_implementation=ATTN_IMPL[cfg.attn],
-                        device_map={"": device}, local_files_only=True)
-    if cfg.method == "qlora":
-        from transformers import BitsAndBytesConfig
+def quantization_config(w: Weights):
+    """transformers' BitsAndBytesConfig for these weights (None when unquantized)."""
+    if w.quant is None:
+        return None
+    from transformers import BitsAndBytesConfig
 
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type=cfg.quant, bnb_4bit_use_double_quant=cfg.double_quant,
-            bnb_4bit_compute_dtype=compute_dtype(cfg), bnb_4bit_quant_storage=torch.uint8)
-    model = AutoModelForCausalLM.from_pretrained(spec.path, **kwargs)
-    model.config.use_cache = False
+    if w.quant == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=w.quant, bnb_4bit_use_double_quant=w.double_quant,
+                              bnb_4bit_compute_dtype=w.compute_dtype, bnb_4bit_quant_storage=torch.uint8)
+
+
+def from_pretrained(path, w: Weights, device: torch.device) -> PreTrainedModel:
+    """Load safetensors from a local directory straight onto `device`, quantizing while loading when asked."""
+    kwargs: dict = dict(dtype=w.dtype, attn_implementation=ATTN_IMPL[w.attn], device_map={"": device},
+                        local_files_only=True)
+    if (q := quantization_config(w)) is not None:
+        kwargs["quantization_config"] = q
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model.config.use_cache = w.use_cache
     return model
 
 
-def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> tuple[PreTrainedModel, str]:
+def build(spec: ModelSpec, w: Weights, device: torch.device) -> tuple[PreTrainedModel, str]:
     """The model on `device`, and where its weights came from ('random' or 'safetensors')."""
     if spec.has_weights:
-        return _from_pretrained(spec, cfg, device), "safetensors"
-    model = load_meta_model(spec, cfg)
-    if cfg.method == "qlora":
-        _replace_with_4bit(model, cfg)
-    _materialize(model, cfg, device)
+        return from_pretrained(spec.path, w, device), "safetensors"
+    model = load_meta_model(spec, w)
+    if w.quant:
+        _replace_with_quantized(model, w)
+    _materialize(model, w, device)
     return model, "random"
+
+
+def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> tuple[PreTrainedModel, str]:
+    """The training model of a run configuration on `device`."""
+    return build(spec, train_weights(cfg), device)

@@ -53,8 +53,12 @@ def _mean_tps(rs: list[ResultRecord]) -> float | None:
 
 
 def build(records: list[ResultRecord], out: Path, prices: list[Offering], title: str,
-          names: dict[str, str] | None = None, job_samples: int = DEFAULT_JOB_SAMPLES) -> list[Section]:
-    """Write the plots into `out` and return the sections of the report."""
+          names: dict[str, str] | None = None, job_samples: int = DEFAULT_JOB_SAMPLES,
+          mamf: dict[str, float] | None = None) -> list[Section]:
+    """Write the plots into `out` and return the sections of the report on training records.
+
+    `mamf`: bf16 MAMF (TFLOP/s) by GPU name, from `tunebench hw` records, for the fraction of MAMF.
+    """
     names = names or {}
     out.mkdir(parents=True, exist_ok=True)
     ok = [r for r in records if r.status == "ok" and r.metrics.tokens_per_s]
@@ -127,7 +131,16 @@ def build(records: list[ResultRecord], out: Path, prices: list[Offering], title:
         s = Section("MFU", [("image", p)])
         formulas = sorted({r.metrics.flops_formula.split(" = ")[0] for r in ok if r.metrics.flops_formula})
         s.blocks.append("Formulas used: " + "; ".join(f"`{f}`" for f in formulas) + ". Peak: dense bf16 FLOP/s "
-                        "of the GPU. Fraction of measured MAMF: no `tunebench hw` result in this report.")
+                        "of the GPU.")
+        rows = [[plots.label(r, names), fmt(achieved / 1e12), fmt(mamf[gpu]), f"{achieved / 1e12 / mamf[gpu]:.1%}"]
+                for r in ok if (gpu := r.environment.get("gpu", {}).get("name")) in (mamf or {})
+                and (achieved := (r.metrics.flops_per_token or 0) * (r.metrics.tokens_per_s_per_gpu or 0))]
+        if rows:
+            s.blocks += ["Against the matmul rate `tunebench hw` measured on the same GPU model (MAMF, bf16):",
+                         ("table", ["configuration", "model TFLOP/s per GPU", "MAMF TFLOP/s", "fraction of MAMF"],
+                          rows)]
+        else:
+            s.blocks.append("Fraction of measured MAMF: no `tunebench hw` result for these GPUs in this report.")
         secs.append(s)
 
     # Diagnostic: each configuration against the baseline
@@ -322,7 +335,14 @@ def write_tables(records: list[ResultRecord], out: Path) -> None:
 
 def write_report(records: list[ResultRecord], out: Path, prices: list[Offering], title: str,
                  names: dict[str, str] | None = None, job_samples: int = DEFAULT_JOB_SAMPLES) -> list[Path]:
-    secs = build(records, out, prices, title, names, job_samples)
+    from tunebench.report import bench
+
+    out.mkdir(parents=True, exist_ok=True)
+    train = [r for r in records if r.kind == "train"]
+    mamf = {r.metrics.device_name: r.metrics.mamf_tflops for r in records
+            if r.kind == "hw" and r.metrics.mamf_dtype == "bf16" and r.metrics.mamf_tflops}
+    secs = build(train, out, prices, title, names, job_samples, mamf) if train else []
+    secs += bench.sections([r for r in records if r.kind != "train"], out)
     (out / "report.md").write_text(to_markdown(title, secs, out))
     (out / "report.html").write_text(to_html(title, secs))
     write_tables(records, out)

@@ -49,8 +49,20 @@ class Row:
 METRICS = (("tokens/s", "tokens_per_s", +1), ("peak memory", "peak_mem_allocated_bytes", -1), ("MFU", "mfu", +1))
 
 
+COMPARABLE = ("train", "infer")  # kinds with tokens/s; hw and load records have no workload to match
+
+
+def _name(r: ResultRecord) -> str:
+    c = r.config
+    if r.kind == "infer":
+        return (f"infer {c['model']} {c['precision']} b{c['batch_size']} p{c['prompt_len']}+{c['new_tokens']} "
+                f"{c['kv_cache']}" + (" compile" if c.get("compile") else ""))
+    return f"{c['model']} {c['method']} {c.get('strategy', 'single')} b{c['batch_size']}x{c['grad_accum']} s{c['seq_len']}"
+
+
 def _mean(recs: list[ResultRecord], attr: str) -> float | None:
-    vals = [getattr(r.metrics, attr) for r in recs if r.status == "ok" and getattr(r.metrics, attr) is not None]
+    vals = [getattr(r.metrics, attr, None) for r in recs if r.status == "ok"]
+    vals = [v for v in vals if v is not None]
     return statistics.fmean(vals) if vals else None
 
 
@@ -58,14 +70,15 @@ def compare(a: list[ResultRecord], b: list[ResultRecord], threshold: float = 0.0
     by_a: dict[str, list[ResultRecord]] = {}
     by_b: dict[str, list[ResultRecord]] = {}
     for r in a:
-        by_a.setdefault(r.config_hash, []).append(r)
+        if r.kind in COMPARABLE:
+            by_a.setdefault(r.config_hash, []).append(r)
     for r in b:
-        by_b.setdefault(r.config_hash, []).append(r)
+        if r.kind in COMPARABLE:
+            by_b.setdefault(r.config_hash, []).append(r)
     rows = []
     for h in [h for h in by_a if h in by_b]:
         ra, rb = by_a[h], by_b[h]
-        c = ra[0].config
-        name = f"{c['model']} {c['method']} {c.get('strategy', 'single')} b{c['batch_size']}x{c['grad_accum']} s{c['seq_len']}"
+        name = _name(ra[0])
         ratios, flags, regression = {}, [], False
         ok_a, ok_b = any(r.status == "ok" for r in ra), any(r.status == "ok" for r in rb)
         if ok_a and not ok_b:

@@ -143,3 +143,42 @@ def cost(rows: list[tuple[str, float]], out: Path) -> Path | None:
         return None
     return _barh([v for _, v in rows], [n for n, _ in rows], "$ per 1M tokens (cheapest on-demand offering)",
                  "Cost", out / "cost.png", "${:.3f}")
+
+
+def busbw(rec: ResultRecord, out: Path, index: int = 0) -> Path | None:
+    """busbw against message size per collective (nccl-tests' usual view)."""
+    rows = rec.metrics.collectives
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for op in dict.fromkeys(r["op"] for r in rows):
+        pts = [(r["bytes"], r["busbw_gbps"]) for r in rows if r["op"] == op]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=op)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="size (bytes)", ylabel="busbw (GB/s)",
+           title=f"Collectives, {rec.metrics.collective_world_size} x {rec.metrics.device_name} "
+                 f"({rec.metrics.collective_backend})")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, out / f"collectives-{index}.png")
+
+
+def infer_batches(records: list[ResultRecord], out: Path) -> Path | None:
+    """Generated tokens/s against batch size, one line per model, precision and cache setup."""
+    series = collections.defaultdict(list)
+    for r in records:
+        c = r.config
+        key = f"{c['model']} {c['precision']} {c['kv_cache']}" + (" compile" if c.get("compile") else "")
+        series[key].append((c["batch_size"], r.metrics.tokens_per_s))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for key, pts in series.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=key)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(xlabel="batch size", ylabel="generated tokens/s", title="Inference throughput by batch size")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, out / "inference.png")

@@ -61,13 +61,16 @@ def run_table(rec: ResultRecord) -> Table:
 
 def list_table(records: list[ResultRecord]) -> Table:
     t = Table(title=f"{len(records)} results")
-    for col in ("id", "created", "kind", "status", "model", "method", "device", "tokens/s", "peak alloc", "tags"):
+    for col in ("id", "created", "kind", "status", "model", "method / what", "device", "tokens/s", "peak alloc",
+                "tags"):
         t.add_column(col)
     for r in records:
         m = r.metrics
-        t.add_row(r.id[:12], r.created_at.replace("+00:00", "Z"), r.kind, r.status, str(r.config.get("model")),
-                  str(r.config.get("method")), r.environment.get("gpu", {}).get("name") or r.environment.get("device"),
-                  fmt(m.tokens_per_s), fmt(m.peak_mem_allocated_bytes, ".2f", GIB, " GiB"), ",".join(r.tags))
+        what = r.config.get("method") or r.config.get("precision") or ",".join(r.config.get("sections", []))
+        t.add_row(r.id[:12], r.created_at.replace("+00:00", "Z"), r.kind, r.status, str(r.config.get("model", "-")),
+                  str(what), r.environment.get("gpu", {}).get("name") or r.environment.get("device"),
+                  fmt(getattr(m, "tokens_per_s", None)), fmt(getattr(m, "peak_mem_allocated_bytes", None), ".2f", GIB,
+                                                             " GiB"), ",".join(r.tags))
     return t
 
 
