@@ -25,7 +25,7 @@ from transformers import StaticCache  # noqa: E402
 
 from tunebench.config import InferConfig  # noqa: E402
 from tunebench.inference import weights_for  # noqa: E402
-from tunebench.inference.generate import _Clock, generate  # noqa: E402
+from tunebench.inference.generate import generate  # noqa: E402
 from tunebench.metrics.timer import synchronize  # noqa: E402
 from tunebench.models import resolve_model  # noqa: E402
 from tunebench.models.build import build  # noqa: E402
@@ -40,8 +40,43 @@ def hf_side(model, ids: torch.Tensor, new: int) -> float:
 
 
 def ours(model, step, ids: torch.Tensor, new: int, cache) -> float:
-    ttft, decode, _ = generate(model, step, ids, new, cache, _Clock(ids.device))
+    ttft, decode, _ = generate(model, step, ids, new, cache)
     return ttft + decode
+
+
+def bench_precision(a: argparse.Namespace, spec, precision: str, device: torch.device) -> list[dict]:
+    model, _ = build(spec, weights_for(precision, InferConfig()), device)
+    model.eval()
+    model.generation_config.cache_implementation = None  # HF's default: the dynamic cache
+    compiled = None if a.no_compile else torch.compile(
+        model, mode="reduce-overhead" if device.type == "cuda" else "default")
+    rows = []
+    for b in (int(x) for x in a.batch_sizes.split(",")):
+        ids = torch.randint(0, spec.vocab_size, (b, a.prompt_len), device=device,
+                            generator=torch.Generator(device=device).manual_seed(0))
+        static = StaticCache(config=model.config, max_cache_len=a.prompt_len + a.new_tokens)
+        sides = {"hf_generate": lambda: hf_side(model, ids, a.new_tokens),
+                 "ours_dynamic": lambda: ours(model, model, ids, a.new_tokens, None)}
+        if compiled is not None:
+            sides["ours_static_compile"] = lambda: ours(model, compiled, ids, a.new_tokens, static)
+        times: dict[str, list[float]] = {k: [] for k in sides}
+        warm = {}
+        for k, fn in sides.items():  # warmup (and compilation) first, untimed
+            t0 = time.perf_counter()
+            fn()
+            warm[k] = time.perf_counter() - t0
+        for _ in range(a.repeats):  # alternated, so drift hits every side alike
+            for k, fn in sides.items():
+                times[k].append(fn())
+        tps = {k: b * a.new_tokens / statistics.median(v) for k, v in times.items()}
+        row = {"model": a.model, "precision": precision, "batch": b, "tokens_per_s": tps, "warmup_s": warm,
+               "ratio_vs_hf": {k: v / tps["hf_generate"] for k, v in tps.items()},
+               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        print(f"{precision} batch {b}: " + ", ".join(f"{k} {v:,.1f} tok/s ({row['ratio_vs_hf'][k]:.2f}x)"
+                                                     for k, v in tps.items()), flush=True)
+    return rows
 
 
 def main() -> None:
@@ -60,41 +95,10 @@ def main() -> None:
     spec = resolve_model(a.model)
     rows = []
     for precision in a.precisions.split(","):
-        model, _ = build(spec, weights_for(precision, InferConfig()), device)
-        model.eval()
-        model.generation_config.cache_implementation = None  # HF's default: the dynamic cache
-        compiled = None if a.no_compile else torch.compile(
-            model, mode="reduce-overhead" if device.type == "cuda" else "default")
-        for b in (int(x) for x in a.batch_sizes.split(",")):
-            ids = torch.randint(0, spec.vocab_size, (b, a.prompt_len), device=device,
-                                generator=torch.Generator(device=device).manual_seed(0))
-            static = StaticCache(config=model.config, max_cache_len=a.prompt_len + a.new_tokens)
-            sides = {"hf_generate": lambda: hf_side(model, ids, a.new_tokens),
-                     "ours_dynamic": lambda: ours(model, model, ids, a.new_tokens, None)}
-            if compiled is not None:
-                sides["ours_static_compile"] = lambda: ours(model, compiled, ids, a.new_tokens, static)
-            times: dict[str, list[float]] = {k: [] for k in sides}
-            warm = {}
-            for k, fn in sides.items():  # warmup (and compilation) first, untimed
-                t0 = time.perf_counter()
-                fn()
-                warm[k] = time.perf_counter() - t0
-            for _ in range(a.repeats):  # alternated, so drift hits every side alike
-                for k, fn in sides.items():
-                    times[k].append(fn())
-            tps = {k: b * a.new_tokens / statistics.median(v) for k, v in times.items()}
-            row = {"model": a.model, "precision": precision, "batch": b, "tokens_per_s": tps, "warmup_s": warm,
-                   "ratio_vs_hf": {k: v / tps["hf_generate"] for k, v in tps.items()},
-                   "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            print(f"{precision} batch {b}: " + ", ".join(f"{k} {v:,.1f} tok/s ({row['ratio_vs_hf'][k]:.2f}x)"
-                                                         for k, v in tps.items()), flush=True)
-            del static
-            torch.cuda.empty_cache() if device.type == "cuda" else None
-        del model, compiled
+        rows += bench_precision(a, spec, precision, device)  # its model is freed when it returns
         torch._dynamo.reset()
-        torch.cuda.empty_cache() if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=2))
 

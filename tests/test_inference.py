@@ -8,7 +8,7 @@ import torch
 
 from tunebench.config import InferConfig
 from tunebench.inference import weights_for
-from tunebench.inference.generate import _Clock, generate
+from tunebench.inference.generate import generate
 from tunebench.models import resolve_model
 from tunebench.models.build import Weights, build
 
@@ -84,8 +84,8 @@ def test_decoder_matches_hf_generate(static):
     model.eval()
     ids = torch.randint(0, 1024, (2, 7), generator=torch.Generator().manual_seed(0))
     cache = StaticCache(config=model.config, max_cache_len=7 + 6) if static else None
-    _, _, ours = generate(model, model, ids, 6, cache, _Clock(torch.device("cpu")))
+    _, _, ours = generate(model, model, ids, 6, cache)
     ref = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(ours, ref[:, 7:])
     if static:  # the cache is reset in place: a second generation gives the same tokens
-        assert torch.equal(generate(model, model, ids, 6, cache, _Clock(torch.device("cpu")))[2], ours)
+        assert torch.equal(generate(model, model, ids, 6, cache)[2], ours)

@@ -24,7 +24,7 @@ from tunebench.errors import invalid
 from tunebench.inference import record_config, require_bitsandbytes, weights_for
 from tunebench.metrics import telemetry
 from tunebench.metrics.memory import peak_memory, release, reset_peak
-from tunebench.metrics.timer import synchronize
+from tunebench.metrics.timer import StepTimer
 from tunebench.models import ModelSpec, resolve_model
 from tunebench.models.build import build
 from tunebench.record import InferMetrics, ResultRecord
@@ -46,46 +46,33 @@ def preflight(cfg: InferConfig) -> tuple[ModelSpec, torch.device]:
     return spec, device
 
 
-class _Clock:
-    """Marks on the device's clock: CUDA events on GPUs, perf_counter on CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def mark(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def seconds(self, a, b) -> float:
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
-
-
 @torch.inference_mode()
-def generate(model, step, ids: torch.Tensor, new_tokens: int, cache,
-             clock: _Clock) -> tuple[float, float, torch.Tensor]:
-    """Greedy generation of `new_tokens` per sequence: (time to first token, time of the rest, the tokens)."""
+def generate(model, step, ids: torch.Tensor, new_tokens: int, cache=None) -> tuple[float, float, torch.Tensor]:
+    """Greedy generation of `new_tokens` per sequence: (time to first token, time of the rest, the tokens).
+
+    `step` runs the decode steps (the model, or its compiled form); `cache` a StaticCache to reuse
+    (reset in place), or None for a new DynamicCache.
+    """
     prompt = ids.shape[1]
     if cache is None:
         cache = DynamicCache(config=model.config)
     else:
         cache.reset()
-    a = clock.mark()
+    timer = StepTimer(ids.device)  # marks on the device's clock: the first token, then the last
+    timer.start()
     out = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt, device=ids.device),
                 use_cache=True, logits_to_keep=1)
     tok = out.logits[:, -1].argmax(-1, keepdim=True)
-    b = clock.mark()
+    timer.step_end()
     tokens = [tok]
     for i in range(new_tokens - 1):
         pos = torch.full((1,), prompt + i, dtype=torch.long, device=ids.device)
         out = step(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True)
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens.append(tok)
-    c = clock.mark()
-    synchronize(ids.device)
-    return clock.seconds(a, b), clock.seconds(b, c), torch.cat(tokens, dim=1)
+    timer.step_end()
+    _, (ttft, decode) = timer.finish()
+    return ttft, decode, torch.cat(tokens, dim=1)
 
 
 def run_infer(cfg: InferConfig, log: Log) -> Iterator[ResultRecord]:
@@ -119,7 +106,6 @@ def _measure(cfg: InferConfig, spec: ModelSpec, model, step, precision: str, bat
     m = InferMetrics(batch_size=batch, prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens, weights=source,
                      model_bytes=model.get_memory_footprint(), params_total=sum(p.numel() for p in model.parameters()))
     rec = ResultRecord(kind="infer", config=config, config_hash=h, environment=env, tags=cfg.tag, metrics=m)
-    clock = _Clock(device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     sampler = None
     try:
@@ -130,11 +116,11 @@ def _measure(cfg: InferConfig, spec: ModelSpec, model, step, precision: str, bat
         reset_peak(device)
         t0 = time.perf_counter()
         for _ in range(cfg.warmup):
-            generate(model, step, ids, cfg.new_tokens, cache, clock)
+            generate(model, step, ids, cfg.new_tokens, cache)
         m.warmup_s = time.perf_counter() - t0
         sampler = telemetry.start(device, cfg.telemetry)
         for _ in range(cfg.repeats):
-            ttft, decode, _ = generate(model, step, ids, cfg.new_tokens, cache, clock)
+            ttft, decode, _ = generate(model, step, ids, cfg.new_tokens, cache)
             m.ttft_all_s.append(ttft)
             m.decode_all_s.append(decode)
         m.telemetry = sampler.stop() if sampler else None
