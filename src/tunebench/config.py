@@ -163,8 +163,15 @@ class HwConfig(_BenchConfig):
     iters: int | None = Field(None, gt=0, description="timed iterations per measurement (default 100, 20 quick)")
     timeout: float = Field(600.0, gt=0, description="seconds the collectives may take before they are stopped")
 
-    _sizes = field_validator("min_size", "max_size", mode="before")(classmethod(lambda cls, v: parse_bytes(v)))
-    _lists = field_validator("sections", "dtypes", mode="before")(classmethod(lambda cls, v: _listify(v)))
+    @field_validator("min_size", "max_size", mode="before")
+    @classmethod
+    def _sizes(cls, v: Any) -> Any:
+        return parse_bytes(v)
+
+    @field_validator("sections", "dtypes", mode="before")
+    @classmethod
+    def _lists(cls, v: Any) -> Any:
+        return _listify(v)
 
     @model_validator(mode="after")
     def _check(self) -> HwConfig:
@@ -182,7 +189,10 @@ class _ModelBenchConfig(_BenchConfig):
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
     seed: int = 0
 
-    _lists = field_validator("precisions", mode="before")(classmethod(lambda cls, v: _listify(v)))
+    @field_validator("precisions", mode="before")
+    @classmethod
+    def _precisions(cls, v: Any) -> Any:
+        return _listify(v)
 
 
 class LoadConfig(_ModelBenchConfig):
@@ -209,7 +219,10 @@ class InferConfig(_ModelBenchConfig):
     warmup: int = Field(1, ge=0, description="untimed generations first")
     repeats: int = Field(3, gt=0, description="timed generations; the record holds their medians")
 
-    _lists = field_validator("precisions", "batch_sizes", mode="before")(classmethod(lambda cls, v: _listify(v)))
+    @field_validator("batch_sizes", mode="before")
+    @classmethod
+    def _batch_sizes(cls, v: Any) -> Any:
+        return _listify(v)
 
     @model_validator(mode="after")
     def _check(self) -> InferConfig:

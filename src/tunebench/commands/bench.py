@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Iterable
@@ -27,16 +28,12 @@ def _finish(args: argparse.Namespace, records: Iterable[ResultRecord], tables) -
     from tunebench.store import Store, default_store_path
 
     store_path = None if args.no_store else (args.store or default_store_path())
-    store = Store(store_path) if store_path else None
     done: list[ResultRecord] = []
-    try:
+    with Store(store_path) if store_path else contextlib.nullcontext() as store:
         for rec in records:
             if store:
                 store.save(rec)
             done.append(rec)
-    finally:
-        if store:
-            store.close()
     if args.json:
         print(json.dumps([json.loads(r.model_dump_json()) for r in done], indent=2), file=args.stdout)
     else:

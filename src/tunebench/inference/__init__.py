@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 import torch
 
 from tunebench.config import InferConfig, LoadConfig, config_hash
 from tunebench.errors import UserError
 from tunebench.models.build import Weights
+from tunebench.record import ResultRecord
 
 QUANTIZED = ("int8", "nf4", "fp4")
 
@@ -33,3 +37,17 @@ def record_config(cfg: LoadConfig | InferConfig, **one: object) -> tuple[dict, s
     and its hash (tags and telemetry left out, as for training runs)."""
     data = cfg.model_dump(exclude={"precisions", "batch_sizes"}) | one
     return data, config_hash({k: v for k, v in data.items() if k not in ("tag", "telemetry")})
+
+
+@contextlib.contextmanager
+def recorded(rec: ResultRecord, log: Callable[[str], None], what: str) -> Iterator[None]:
+    """Run one measurement: ok if the body finishes; an exception becomes the record's status and error
+    (a precision or batch size that fails is a result, and the next one still runs)."""
+    from tunebench.runner import failure
+
+    try:
+        yield
+        rec.status = "ok"
+    except Exception as err:
+        rec.status, rec.error = failure(err)
+        log(f"{what}: {rec.status}: {rec.error.strip().splitlines()[-1]}")

@@ -21,7 +21,7 @@ from transformers import DynamicCache, StaticCache
 from tunebench.config import InferConfig
 from tunebench.environment import environment
 from tunebench.errors import invalid
-from tunebench.inference import record_config, require_bitsandbytes, weights_for
+from tunebench.inference import record_config, recorded, require_bitsandbytes, weights_for
 from tunebench.metrics import telemetry
 from tunebench.metrics.memory import peak_memory, release, reset_peak
 from tunebench.metrics.timer import StepTimer
@@ -108,7 +108,7 @@ def _measure(cfg: InferConfig, spec: ModelSpec, model, step, precision: str, bat
     rec = ResultRecord(kind="infer", config=config, config_hash=h, environment=env, tags=cfg.tag, metrics=m)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     sampler = None
-    try:
+    with recorded(rec, log, f"infer {spec.name} {precision} batch {batch}"):
         ids = torch.randint(0, spec.vocab_size, (batch, cfg.prompt_len), device=device, generator=gen)
         cache = StaticCache(config=model.config, max_cache_len=cfg.prompt_len + cfg.new_tokens) \
             if cfg.kv_cache == "static" else None
@@ -127,16 +127,10 @@ def _measure(cfg: InferConfig, spec: ModelSpec, model, step, precision: str, bat
         _figures(m, batch, cfg)
         for k, v in peak_memory(device).items():
             setattr(m, k, v)
-        rec.status = "ok"
         log(f"infer {spec.name} {precision} batch {batch}: {m.tokens_per_s:,.1f} tokens/s, TTFT "
             f"{m.ttft_s * 1e3:,.1f} ms, decode {m.decode_tokens_per_s:,.1f} tokens/s ({m.ms_per_token:.2f} ms/step)")
-    except Exception as err:  # a batch size that fails is a result; the next one still runs
-        rec.status, rec.error = failure(err)
-    finally:
-        if sampler and m.telemetry is None:
-            sampler.stop()
-    if rec.status != "ok":
-        log(f"infer {spec.name} {precision} batch {batch}: {rec.status}: {rec.error.strip().splitlines()[-1]}")
+    if sampler:  # after a failure the sampler is still running
+        sampler.stop()
     return rec
 
 

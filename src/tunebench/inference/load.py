@@ -22,14 +22,14 @@ import torch
 from tunebench.config import LoadConfig
 from tunebench.environment import environment
 from tunebench.errors import invalid
-from tunebench.inference import record_config, require_bitsandbytes, weights_for
+from tunebench.inference import record_config, recorded, require_bitsandbytes, weights_for
 from tunebench.metrics import telemetry
 from tunebench.metrics.memory import current_rss_bytes, peak_memory, release, reset_peak
 from tunebench.metrics.timer import synchronize
 from tunebench.models import ModelSpec, load_meta_model, resolve_model
 from tunebench.models.build import Weights, build, from_pretrained
 from tunebench.record import LoadMetrics, ResultRecord
-from tunebench.runner import failure, resolve_device
+from tunebench.runner import resolve_device
 
 Log = Callable[[str], None]
 
@@ -108,7 +108,7 @@ def _load_one(cfg: LoadConfig, spec: ModelSpec, path: Path, files: list[Path], d
     base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     rss0 = current_rss_bytes()
     sampler = telemetry.start(device, cfg.telemetry)
-    try:
+    with recorded(rec, log, f"load {spec.name} {precision}"):
         t0 = time.perf_counter()
         model = from_pretrained(path, weights_for(precision, cfg), device)
         synchronize(device)
@@ -124,17 +124,11 @@ def _load_one(cfg: LoadConfig, spec: ModelSpec, path: Path, files: list[Path], d
             m.mem_fraction = m.mem_allocated_bytes / torch.cuda.get_device_properties(device).total_memory
         for k, v in peak_memory(device).items():
             setattr(m, k, v)
-        rec.status = "ok"
         del model
         log(f"load {spec.name} {precision}: {m.load_s:.2f} s, "
             + (f"{m.mem_allocated_bytes / 2**30:.2f} GiB on the GPU" if m.mem_allocated_bytes is not None
                else f"{m.model_bytes / 2**30:.3f} GiB of weights"))
-    except Exception as err:  # a precision that cannot load is a result; the next one still runs
-        rec.status, rec.error = failure(err)
-    finally:
-        if sampler and m.telemetry is None:
-            sampler.stop()
-    if rec.status != "ok":
-        log(f"load {spec.name} {precision}: {rec.status}: {rec.error.strip().splitlines()[-1]}")
+    if sampler:  # after a failure the sampler is still running
+        sampler.stop()
     release(device)
     return rec

@@ -72,6 +72,7 @@ class Telemetry:
             self._stop.wait(self.interval)
 
     def stop(self) -> dict | None:
+        """The summary of the samples; None without NVML, without samples, or once already stopped."""
         if not self._nvml:
             return None
         self._stop.set()
@@ -83,6 +84,7 @@ class Telemetry:
             self._nvml.nvmlShutdown()
         except Exception:
             pass
+        self._nvml = None  # stopped: a second stop() is a no-op
         if not self.samples:
             return None
         _, util, power, temp, clock = zip(*self.samples)

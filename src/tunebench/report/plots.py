@@ -145,22 +145,32 @@ def cost(rows: list[tuple[str, float]], out: Path) -> Path | None:
                  "Cost", out / "cost.png", "${:.3f}")
 
 
-def busbw(rec: ResultRecord, out: Path, index: int = 0) -> Path | None:
-    """busbw against message size per collective (nccl-tests' usual view)."""
-    rows = rec.metrics.collectives
-    if not rows:
-        return None
+def _lines(series: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str, title: str, path: Path,
+           ylog: bool = False) -> Path:
+    """One line per series over a log2 x axis (sizes, batch sizes)."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for op in dict.fromkeys(r["op"] for r in rows):
-        pts = [(r["bytes"], r["busbw_gbps"]) for r in rows if r["op"] == op]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=op)
+    for key, pts in series.items():
+        pts = sorted(pts)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=key)
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="size (bytes)", ylabel="busbw (GB/s)",
-           title=f"Collectives, {rec.metrics.collective_world_size} x {rec.metrics.device_name} "
-                 f"({rec.metrics.collective_backend})")
+    if ylog:
+        ax.set_yscale("log")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, out / f"collectives-{index}.png")
+    return _save(fig, path)
+
+
+def busbw(rec: ResultRecord, out: Path, index: int = 0) -> Path | None:
+    """busbw against message size per collective (nccl-tests' usual view)."""
+    m = rec.metrics
+    series = collections.defaultdict(list)
+    for r in m.collectives:
+        series[r["op"]].append((r["bytes"], r["busbw_gbps"]))
+    if not series:
+        return None
+    return _lines(series, "size (bytes)", "busbw (GB/s)", f"Collectives, {m.collective_world_size} x "
+                  f"{m.device_name} ({m.collective_backend})", out / f"collectives-{index}.png")
 
 
 def infer_batches(records: list[ResultRecord], out: Path) -> Path | None:
@@ -172,13 +182,5 @@ def infer_batches(records: list[ResultRecord], out: Path) -> Path | None:
         series[key].append((c["batch_size"], r.metrics.tokens_per_s))
     if not series:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for key, pts in series.items():
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=key)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set(xlabel="batch size", ylabel="generated tokens/s", title="Inference throughput by batch size")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(fig, out / "inference.png")
+    return _lines(series, "batch size", "generated tokens/s", "Inference throughput by batch size",
+                  out / "inference.png", ylog=True)
