@@ -55,10 +55,11 @@ def bench_precision(a: argparse.Namespace, spec, precision: str, device: torch.d
         ids = torch.randint(0, spec.vocab_size, (b, a.prompt_len), device=device,
                             generator=torch.Generator(device=device).manual_seed(0))
         static = StaticCache(config=model.config, max_cache_len=a.prompt_len + a.new_tokens)
-        sides = {"hf_generate": lambda: hf_side(model, ids, a.new_tokens),
-                 "ours_dynamic": lambda: ours(model, model, ids, a.new_tokens, None)}
+        sides = {"hf_generate": lambda ids=ids: hf_side(model, ids, a.new_tokens),
+                 "ours_dynamic": lambda ids=ids: ours(model, model, ids, a.new_tokens, None)}
         if compiled is not None:
-            sides["ours_static_compile"] = lambda: ours(model, compiled, ids, a.new_tokens, static)
+            sides["ours_static_compile"] = lambda ids=ids, static=static: ours(model, compiled, ids, a.new_tokens,
+                                                                                 static)
         times: dict[str, list[float]] = {k: [] for k in sides}
         warm = {}
         for k, fn in sides.items():  # warmup (and compilation) first, untimed

@@ -1,6 +1,7 @@
 """Every invalid input is refused before a model is built: one line on stderr, exit code 2."""
 
 import pytest
+
 from conftest import cli_subprocess
 
 BASE = ["run", "--device", "cpu", "--steps", "4", "--warmup", "1"]

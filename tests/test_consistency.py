@@ -1,8 +1,8 @@
 """Consistency: spread and outliers against the ±5% throughput / ±2% memory bars."""
 
 import pytest
-from conftest import run_json
 
+from conftest import run_json
 from tunebench.record import ResultRecord, TrainMetrics
 from tunebench.report.consistency import analyse
 from tunebench.store import Store

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port
 
+from conftest import free_port
 from tunebench.deploy.k8s import K8sJob, manifests
 from tunebench.deploy.slurm import sbatch_script, srun_argv
 from tunebench.deploy.validate import validate

@@ -8,8 +8,8 @@ import time
 
 import psutil
 import pytest
-from conftest import cli_subprocess, free_port
 
+from conftest import cli_subprocess, free_port
 from tunebench.store import Store
 
 DIST = ["--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--steps", "4", "--warmup", "1", "--json"]

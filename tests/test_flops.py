@@ -1,4 +1,4 @@
-"""FLOPs per token, MFU and HFU against values computed by hand from DESIGN.md section 2."""
+"""FLOPs per token, MFU and HFU against values computed by hand from docs/metrics.md."""
 
 import pytest
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 import torch
-from conftest import run_json
 
+from conftest import run_json
 from tunebench import RunConfig
 from tunebench.models import PRESETS, build_model, load_meta_model, resolve_model
 

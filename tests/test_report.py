@@ -8,8 +8,8 @@ import subprocess
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_json
 
+from conftest import run_json
 from tunebench.record import ResultRecord, TrainMetrics, flat_row
 from tunebench.report.cost import Offering, cost_of, load_prices
 from tunebench.store import Store

@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-from conftest import QUICK, run_json
 
+from conftest import QUICK, run_json
 from tunebench import RunConfig, Store, run
 
 

@@ -7,7 +7,6 @@ import sys
 import time
 
 from conftest import QUICK, run_json
-
 from tunebench.store import Store
 
 WRITER = """

@@ -8,8 +8,8 @@ import time
 
 import pytest
 import yaml
-from conftest import cli_subprocess
 
+from conftest import cli_subprocess
 from tunebench.errors import UserError
 from tunebench.store import Store
 from tunebench.suites import builtin_names, expand, load_suite, parse_sets

@@ -1,7 +1,6 @@
 """Telemetry: absent without NVML (never zeros), and how per-GPU summaries combine."""
 
 from conftest import run_json
-
 from tunebench.metrics.telemetry import Telemetry, combine
 
 

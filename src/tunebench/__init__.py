@@ -2,17 +2,28 @@
 
 The Python API is as usable as the CLI::
 
-    from tunebench import RunConfig, run, Store
-    rec = run(RunConfig(model="tiny-llama", method="lora", steps=6, warmup=2))
-    Store().save(rec)
+    from tunebench import RunConfig, run
+    rec = run(RunConfig(model="tiny-llama", method="lora", steps=6, warmup=2), store="results.db")
+
+Names are imported on first use, so `import tunebench` (and `tunebench --help`) loads no torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from tunebench.config import RunConfig, load_config  # noqa: E402
-from tunebench.errors import UserError  # noqa: E402
-from tunebench.record import ResultRecord  # noqa: E402
-from tunebench.runner import preflight, run  # noqa: E402
-from tunebench.store import Store  # noqa: E402
+_EXPORTS = {
+    "RunConfig": "tunebench.config", "load_config": "tunebench.config", "UserError": "tunebench.errors",
+    "ResultRecord": "tunebench.record", "Store": "tunebench.store", "preflight": "tunebench.runner",
+    "run": "tunebench.api", "run_scaling": "tunebench.api",
+}
+__all__ = [*_EXPORTS, "__version__"]
 
-__all__ = ["RunConfig", "ResultRecord", "Store", "UserError", "__version__", "load_config", "preflight", "run"]
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

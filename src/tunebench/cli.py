@@ -6,7 +6,8 @@ import argparse
 import contextlib
 import sys
 import types
-from typing import NoReturn, Sequence, Union, get_args, get_origin
+from collections.abc import Sequence
+from typing import NoReturn, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -56,8 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-store", action="store_true", help="do not write the record to the store")
     run.add_argument("--print-result", action="store_true", help="also print the record between markers "
                                                                  "(for logs: tunebench collect reads them)")
-    run.add_argument("--sweep-id", help=argparse.SUPPRESS)  # set by `tunebench sweep` for its child runs
-    run.add_argument("--record-id", help=argparse.SUPPRESS)
     _store_arg(run)
 
     sw = sub.add_parser("sweep", help="run a suite of configurations, each in its own process, resumably")
@@ -175,10 +174,10 @@ def _command(name: str):
     """The handler of a subcommand, imported only when it runs (keeps `--help` and bad input fast)."""
     from tunebench.commands import bench, deploy, results, run, sweep
 
-    return {"hw": bench.cmd_hw, "load": bench.cmd_load, "infer": bench.cmd_infer, "run": run.cmd_run, "quick": run.cmd_quick, "sweep": sweep.cmd_sweep,
-            "consistency": sweep.cmd_consistency, "results": results.cmd_results, "report": results.cmd_report,
-            "cost": results.cmd_cost, "compare": results.cmd_compare, "deploy": deploy.cmd_deploy,
-            "collect": deploy.cmd_collect}[name]
+    return {"hw": bench.cmd_hw, "load": bench.cmd_load, "infer": bench.cmd_infer, "run": run.cmd_run,
+            "quick": run.cmd_quick, "sweep": sweep.cmd_sweep, "consistency": sweep.cmd_consistency,
+            "results": results.cmd_results, "report": results.cmd_report, "cost": results.cmd_cost,
+            "compare": results.cmd_compare, "deploy": deploy.cmd_deploy, "collect": deploy.cmd_collect}[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,10 +20,30 @@ from tunebench.errors import UserError, invalid
 Method = Literal["full", "lora", "qlora"]
 Precision = Literal["bf16", "fp16", "fp32"]
 Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit"]
-Strategy = Literal["single", "ddp", "fsdp", "zero2", "zero3"]
-# Where a run happens rather than what it is: left out of the config hash.
-LAUNCH_ONLY = {"tag", "node_rank", "rdzv_endpoint", "rdzv_id", "timeout", "telemetry"}
+Strategy = Literal["single", "ddp", "fsdp", "zero2", "zero3"]  # tunebench.strategies registers each
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
+
+# A run's identity, declared once on its fields. Every field is part of the workload unless marked:
+#   launch:      where and how it runs (tags, rendezvous, timeouts): left out of the config hash;
+#   measurement: how it is measured (seed, steps, device): in the hash, but not a lever a report compares.
+# The config hash (sweep resume, compare, report grouping) and the report's levers derive from this.
+LAUNCH = {"role": "launch"}
+MEASUREMENT = {"role": "measurement"}
+
+
+def fields_with_role(cls: type[BaseModel], *roles: str) -> set[str]:
+    return {n for n, f in cls.model_fields.items() if (f.json_schema_extra or {}).get("role") in roles}
+
+
+def identity(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """The part of a config (as a dict) that says what the workload is: launch fields removed."""
+    launch = fields_with_role(cls, "launch")
+    return {k: v for k, v in data.items() if k not in launch}
+
+
+def not_levers(cls: type[BaseModel]) -> set[str]:
+    """Fields two configurations may differ in without being different experiments."""
+    return fields_with_role(cls, "launch", "measurement")
 
 
 class RunConfig(BaseModel):
@@ -44,8 +64,8 @@ class RunConfig(BaseModel):
     batch_size: int = Field(1, gt=0, description="micro-batch per device")
     grad_accum: int = Field(1, gt=0)
     seq_len: int = Field(512, gt=0)
-    steps: int = Field(20, gt=0, description="optimizer steps in total, warmup included")
-    warmup: int = Field(10, ge=0, description="steps run first and never timed")
+    steps: int = Field(20, gt=0, description="optimizer steps in total, warmup included", json_schema_extra=MEASUREMENT)
+    warmup: int = Field(10, ge=0, description="steps run first and never timed", json_schema_extra=MEASUREMENT)
     optimizer: Optimizer = "adamw"
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -53,20 +73,23 @@ class RunConfig(BaseModel):
     grad_ckpt: bool = False
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
     compile: bool = False
-    seed: int = 0
-    device: Literal["auto", "cuda", "cpu"] = "auto"
+    seed: int = Field(0, json_schema_extra=MEASUREMENT)
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", json_schema_extra=MEASUREMENT)
     strategy: Strategy = "single"
     nproc_per_node: int | None = Field(None, gt=0, description="processes per node (default: all visible GPUs; "
                                                                 "1 on CPU)")
     nnodes: int = Field(1, gt=0)
-    node_rank: int = Field(0, ge=0)
-    rdzv_endpoint: str | None = Field(None, description="HOST:PORT of the c10d rendezvous (multi-node)")
-    rdzv_id: str | None = Field(None, description="rendezvous id shared by all nodes (default from the config)")
+    node_rank: int = Field(0, ge=0, json_schema_extra=LAUNCH)
+    rdzv_endpoint: str | None = Field(None, description="HOST:PORT of the c10d rendezvous (multi-node)",
+                                      json_schema_extra=LAUNCH)
+    rdzv_id: str | None = Field(None, description="rendezvous id shared by all nodes (default from the config)",
+                                json_schema_extra=LAUNCH)
     timeout: float = Field(600.0, gt=0, description="collective timeout in seconds: a dead or stuck rank fails "
-                                                    "the run after this")
-    tag: list[str] = Field(default_factory=list, description="free-text labels stored with the record")
+                                                    "the run after this", json_schema_extra=LAUNCH)
+    tag: list[str] = Field(default_factory=list, description="free-text labels stored with the record",
+                           json_schema_extra=LAUNCH)
     telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) over the "
-                                              "timed steps on GPUs")
+                                              "timed steps on GPUs", json_schema_extra=LAUNCH)
     fault: str | None = Field(None, pattern=r"^(abort|hang|raise)@\d+$",
                               description="testing the harness only: abort@STEP, hang@STEP or raise@STEP")
 
@@ -78,7 +101,8 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
         if self.steps <= self.warmup:
-            raise ValueError(f"steps={self.steps} must be greater than warmup={self.warmup} (warmup steps are not timed)")
+            raise ValueError(f"steps={self.steps} must be greater than warmup={self.warmup} "
+                             "(warmup steps are not timed)")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank={self.node_rank} must be below nnodes={self.nnodes}")
         if self.nnodes > 1 and not self.rdzv_endpoint:
@@ -93,8 +117,8 @@ class RunConfig(BaseModel):
         return self.strategy != "single" or (self.nproc_per_node or 1) > 1 or self.nnodes > 1
 
     def config_hash(self) -> str:
-        """Identity of the workload (tags excluded), used to match results across sweeps."""
-        return config_hash(self.model_dump(exclude=LAUNCH_ONLY))
+        """Identity of the workload (launch fields excluded), used to match results across sweeps."""
+        return config_hash(identity(type(self), self.model_dump()))
 
 
 def config_hash(data: dict[str, Any]) -> str:
@@ -133,9 +157,11 @@ class _BenchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    device: Literal["auto", "cuda", "cpu"] = "auto"
-    telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) on GPUs")
-    tag: list[str] = Field(default_factory=list, description="free-text labels stored with the records")
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", json_schema_extra=MEASUREMENT)
+    telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) on GPUs",
+                            json_schema_extra=LAUNCH)
+    tag: list[str] = Field(default_factory=list, description="free-text labels stored with the records",
+                           json_schema_extra=LAUNCH)
 
     @field_validator("tag", mode="before")
     @classmethod
@@ -143,7 +169,12 @@ class _BenchConfig(BaseModel):
         return [v] if isinstance(v, str) else v
 
     def config_hash(self) -> str:
-        return config_hash(self.model_dump(exclude={"tag", "telemetry"}))
+        return config_hash(identity(type(self), self.model_dump()))
+
+    def record_config(self, **one: object) -> tuple[dict[str, Any], str]:
+        """One record's config (the lists the command iterates replaced by this record's values) and its hash."""
+        data = self.model_dump(exclude={"precisions", "batch_sizes"}) | one
+        return data, config_hash(identity(type(self), data))
 
 
 class HwConfig(_BenchConfig):
@@ -187,7 +218,7 @@ class _ModelBenchConfig(_BenchConfig):
                                                          "nf4, fp4")
     double_quant: bool = Field(True, description="4-bit: quantize the quantization constants too")
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
-    seed: int = 0
+    seed: int = Field(0, json_schema_extra=MEASUREMENT)
 
     @field_validator("precisions", mode="before")
     @classmethod

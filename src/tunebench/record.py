@@ -23,6 +23,77 @@ class StepTimes(BaseModel):
     std: float
 
 
+class Figures(BaseModel):
+    """A typed group of figures. Unknown keys are kept (records from other versions stay readable), and
+    it also reads like the dict it is stored as (``t["energy_j"]``)."""
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="strings")
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+class GpuTelemetry(Figures):
+    """NVML over one GPU's timed region (metrics.telemetry.Telemetry)."""
+
+    samples: int
+    interval_s: float
+    wall_s: float
+    gpu_util_mean_pct: float
+    gpu_util_min_pct: float
+    power_mean_w: float
+    power_max_w: float
+    energy_j: float
+    energy_source: str  # "counter" (the GPU's energy counter) or "power x time"
+    temperature_max_c: float
+    sm_clock_mean_mhz: float
+    sm_clock_min_mhz: float
+    throttle_reasons: list[str] = Field(default_factory=list)
+
+
+class RunTelemetry(Figures):
+    """Every GPU of a run together: energy and power summed, the worst clock and temperature kept."""
+
+    gpus: int
+    energy_j: float
+    power_mean_w: float
+    gpu_util_mean_pct: float
+    temperature_max_c: float
+    sm_clock_min_mhz: float
+    sm_clock_mean_mhz: float
+    throttle_reasons: list[str] = Field(default_factory=list)
+    energy_source: str
+    samples: int
+
+
+class RankFigures(Figures):
+    """What one rank measured. Its step times travel between processes but are not stored per rank."""
+
+    rank: int = 0
+    host: str | None = None
+    timed_steps: int = 0
+    tokens: int = 0
+    samples: int = 0
+    wall_s: float = 0.0
+    step_times: list[float] = Field(default_factory=list, exclude=True)
+    tokens_per_s: float | None = None
+    telemetry: GpuTelemetry | None = None
+    peak_mem_allocated_bytes: int | None = None
+    peak_mem_reserved_bytes: int | None = None
+    nvml_mem_used_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    step_time_mean_s: float | None = None
+
+
+class Scaling(Figures):
+    """Speedup and efficiency = tokens/s(N) / (N x tokens/s(baseline)) against a scaling series' first ok run."""
+
+    baseline_id: str
+    baseline_world_size: int
+    speedup: float
+    efficiency: float
+
+
 class TrainMetrics(BaseModel):
     """Every figure of a training benchmark; None where it could not be measured (never a guess)."""
 
@@ -57,9 +128,9 @@ class TrainMetrics(BaseModel):
     losses: list[float] = Field(default_factory=list)
     weights: str | None = None  # 'random' or 'safetensors'
     step_time_skew: float | None = None  # slowest rank's mean step time / fastest rank's - 1
-    per_rank: list[dict[str, Any]] | None = None  # each rank's own figures (distributed runs)
-    scaling: dict[str, Any] | None = None  # speedup and efficiency against the smallest world size run
-    telemetry: dict[str, Any] | None = None  # NVML over the timed steps; absent (None) without NVML
+    per_rank: list[RankFigures] | None = None  # each rank's own figures (distributed runs)
+    scaling: Scaling | None = None  # speedup and efficiency against the scaling series' first ok run
+    telemetry: RunTelemetry | None = None  # NVML over the timed steps; absent (None) without NVML
     energy_j_per_token: float | None = None
 
 
@@ -82,8 +153,8 @@ class HwMetrics(BaseModel):
     collective_backend: str | None = None
     busbw_peak_gbps: dict[str, float] | None = None  # per op: the highest busbw over the sizes
     sections: dict[str, str] = Field(default_factory=dict)  # section -> "ok", "skipped: why" or the error
-    collectives_telemetry: dict[str, Any] | None = None
-    telemetry: dict[str, Any] | None = None
+    collectives_telemetry: RunTelemetry | None = None
+    telemetry: GpuTelemetry | None = None
     wall_s: float | None = None
 
 
@@ -107,7 +178,7 @@ class LoadMetrics(BaseModel):
     peak_rss_bytes: int | None = None
     params_total: int | None = None
     weights: str | None = None  # 'safetensors' (local directory) or 'random' (preset written to a temp dir)
-    telemetry: dict[str, Any] | None = None
+    telemetry: GpuTelemetry | None = None
 
 
 class InferMetrics(BaseModel):
@@ -136,7 +207,7 @@ class InferMetrics(BaseModel):
     peak_rss_bytes: int | None = None
     params_total: int | None = None
     weights: str | None = None
-    telemetry: dict[str, Any] | None = None
+    telemetry: GpuTelemetry | None = None
     energy_j_per_token: float | None = None  # per generated token
 
 
@@ -161,6 +232,12 @@ class ResultRecord(BaseModel):
     config_hash: str
     environment: dict[str, Any]
     metrics: AnyMetrics = Field(default_factory=TrainMetrics)
+
+    @classmethod
+    def for_config(cls, cfg: Any, environment: dict[str, Any], **fields: Any) -> ResultRecord:
+        """A record of a validated config (RunConfig, HwConfig): its dump, hash and tags filled in."""
+        return cls(config=cfg.model_dump(), config_hash=cfg.config_hash(), environment=environment, tags=cfg.tag,
+                   **fields)
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -192,7 +269,8 @@ def flat_row(rec: ResultRecord) -> dict[str, Any]:
     env = rec.environment
     gpu = env.get("gpu", {})
     row |= {"env.device": env.get("device"), "env.gpu": gpu.get("name"), "env.gpu_count": gpu.get("count"),
-            "env.driver": env.get("driver"), "env.cuda": env.get("cuda"), "env.host": env.get("host", {}).get("hostname")}
+            "env.driver": env.get("driver"), "env.cuda": env.get("cuda"),
+            "env.host": env.get("host", {}).get("hostname")}
     row |= {f"env.{k}": v for k, v in env.get("versions", {}).items()}
     row["env.git_commit"] = env.get("tunebench", {}).get("git_commit")
     return row

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from tunebench.errors import UserError
 from tunebench.record import ResultRecord
@@ -46,6 +46,17 @@ def default_store_path() -> Path:
     return Path(os.environ.get("TUNEBENCH_STORE") or DEFAULT_STORE)
 
 
+def check_store(path: str | Path) -> None:
+    """Open (creating it if needed) and read the store now, so that a bad path fails before any work."""
+    try:
+        with Store(path) as s:
+            s.count()
+    except sqlite3.DatabaseError as err:
+        raise UserError(f"invalid store={path}: not a tunebench results database ({err})") from None
+    except OSError as err:
+        raise UserError(f"invalid store={path}: cannot be opened ({err.strerror or err})") from None
+
+
 class Store:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else default_store_path()
@@ -74,7 +85,8 @@ class Store:
                 "INSERT OR IGNORE INTO results (id, created_at, kind, status, model, method, device, tokens_per_s,"
                 " config_hash, sweep_id, record) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (rec.id, rec.created_at, rec.kind, rec.status, cfg.get("model"), cfg.get("method"),
-                 rec.environment.get("device"), getattr(rec.metrics, "tokens_per_s", None), rec.config_hash, rec.sweep_id,
+                 rec.environment.get("device"), getattr(rec.metrics, "tokens_per_s", None), rec.config_hash,
+                 rec.sweep_id,
                  rec.model_dump_json()),
             )
         return cur.rowcount == 1

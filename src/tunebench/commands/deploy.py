@@ -25,7 +25,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         text = sbatch_script(args.user_args, args.nodes, args.gpus_per_node, args.job_name, args.partition,
                              args.time, args.store)
     if args.output:
-        Path(args.output).write_text(text)
+        from tunebench.files import write_text
+
+        write_text(args.output, text)
     else:
         print(text, end="", file=args.stdout)
     return 0
@@ -48,20 +50,20 @@ def _toleration(text: str) -> dict:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
+    from tunebench.api import import_records
     from tunebench.deploy.collect import marked_records
-    from tunebench.store import Store
+    from tunebench.store import default_store_path
 
-    found = new = 0
-    with Store(args.store) as store:
-        for name in args.files:
-            if name == "-":
-                recs = marked_records(sys.stdin)
-            else:
-                if not Path(name).is_file():
-                    raise UserError(f"log file {name} does not exist")
-                with open(name, errors="replace") as f:
-                    recs = marked_records(f)
-            found += len(recs)
-            new += sum(store.save(r) for r in recs)
-        print(f"{found} records found, {new} new, {found - new} already in {store.path}", file=args.stdout)
+    recs = []
+    for name in args.files:
+        if name == "-":
+            recs += marked_records(sys.stdin)
+        else:
+            if not Path(name).is_file():
+                raise UserError(f"log file {name} does not exist")
+            with open(name, errors="replace") as f:
+                recs += marked_records(f)
+    store = Path(args.store or default_store_path())
+    found, new = import_records(recs, store)
+    print(f"{found} records found, {new} new, {found - new} already in {store}", file=args.stdout)
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from tunebench.deploy.command import MARKER_BEGIN, MARKER_END
 from tunebench.record import ResultRecord

@@ -14,6 +14,11 @@ MARKER_BEGIN = "---TUNEBENCH-RESULT-BEGIN---"
 MARKER_END = "---TUNEBENCH-RESULT-END---"
 
 
+def marked(record_json: str) -> str:
+    """A record between the markers `tunebench collect` looks for in logs."""
+    return f"{MARKER_BEGIN}\n{record_json}\n{MARKER_END}"
+
+
 def check_user_args(args: list[str], nodes: int) -> None:
     if not args or args[0] not in ("run", "sweep"):
         raise UserError("give the tunebench arguments after --, starting with run or sweep "

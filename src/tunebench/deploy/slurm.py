@@ -33,7 +33,8 @@ def sbatch_script(user_args: list[str], nodes: int, gpus_per_node: int, job_name
         "set -euo pipefail",
         "export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1",
         "# the c10d rendezvous is hosted by the first node of the allocation",
-        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # awk reads the whole list: under pipefail, `head -n 1` can end scontrol with SIGPIPE (exit 141)
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk "NR == 1")',
         "# one tunebench per node; it starts torchrun itself (node rank = the node's index in the job)",
         "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " + " ".join(words),
     ]

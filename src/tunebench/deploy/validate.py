@@ -4,7 +4,7 @@ Kubeflow TrainJob) with JSON Schema against the pinned CRD files in schemas/ (se
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -31,7 +31,7 @@ def _strict(node: Any) -> Any:
     return node
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd_schema(api_version: str, kind: str) -> dict:
     group, _, version = api_version.partition("/")
     text = resources.files("tunebench.deploy").joinpath("schemas", CRDS[(api_version, kind)]).read_text()

@@ -1,4 +1,4 @@
-"""The training loop: grad accumulation, clipping, optimizer step, timing, loss watch.
+"""The timed loop: warmup steps, then the timed region, each step's loss watched for NaN.
 
 The host never waits for the step it just queued. Each step's loss is copied to pinned host memory
 asynchronously and read LAG steps later, so the GPU always has the next steps queued while a NaN
@@ -7,21 +7,19 @@ or Inf still stops the run within LAG steps.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from tunebench.config import RunConfig
-from tunebench.engine.data import SyntheticTokens
-from tunebench.launch.context import SINGLE, DistContext
+from tunebench.dist import SINGLE, DistContext
 from tunebench.metrics.telemetry import Telemetry
 from tunebench.metrics.timer import StepTimer
-from tunebench.strategies import TrainStep
+from tunebench.record import GpuTelemetry
 
 LAG = 2  # steps between queuing a loss and reading it back on GPUs
 
@@ -33,57 +31,7 @@ class LoopResult:
     losses: list[float] = field(default_factory=list)  # every step run, warmup included
     wall_s: float = 0.0  # timed region
     step_times: list[float] = field(default_factory=list)  # timed steps only
-    telemetry: dict | None = None  # NVML summary over the timed steps (GPU runs only)
-
-
-def autocast(cfg: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    if cfg.precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def torch_step(module: torch.nn.Module, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
-               cfg: RunConfig, device: torch.device,
-               no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> TrainStep:
-    """The step of the PyTorch strategies (single, DDP, FSDP2); `no_sync` skips gradient reduction."""
-    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-
-    def micro(ids: torch.Tensor, labels: torch.Tensor, sync: bool) -> torch.Tensor:
-        with contextlib.nullcontext() if sync else no_sync():
-            with autocast(cfg, device):
-                loss = module(ids, labels) / cfg.grad_accum
-            (scaler.scale(loss) if scaler else loss).backward()
-        return loss.detach().float()
-
-    def update() -> None:
-        if scaler:
-            scaler.unscale_(optimizer)
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-        if scaler:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return TrainStep(micro, update)
-
-
-def optimizer_step_fn(ts: TrainStep, data: SyntheticTokens, cfg: RunConfig, device: torch.device,
-                      ctx: DistContext = SINGLE) -> Callable[[], torch.Tensor]:
-    """One optimizer step over `grad_accum` micro-batches; returns the global mean loss (on device)."""
-
-    def step() -> torch.Tensor:
-        total = torch.zeros((), device=device)
-        for k in range(cfg.grad_accum):
-            ids, labels = data.next()
-            total += ts.micro(ids, labels, k == cfg.grad_accum - 1)
-        ts.update()
-        return ctx.mean(total)
-
-    return step
+    telemetry: GpuTelemetry | None = None  # NVML summary over the timed steps (GPU runs only)
 
 
 def inject_fault(kind: str, step: int) -> None:

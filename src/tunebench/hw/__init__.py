@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -19,7 +19,8 @@ from tunebench.errors import invalid
 from tunebench.hw import bandwidth, collectives, matmul
 from tunebench.metrics import telemetry
 from tunebench.metrics.flops import peak_flops
-from tunebench.record import HwMetrics, ResultRecord
+from tunebench.preflight import Plan, resolve_device
+from tunebench.record import HwMetrics, ResultRecord, RunTelemetry
 
 Log = Callable[[str], None]
 
@@ -28,20 +29,18 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def preflight(cfg: HwConfig) -> torch.device:
-    from tunebench.runner import resolve_device
-
+def preflight(cfg: HwConfig) -> Plan:
     device = resolve_device(cfg.device)
     for d in cfg.dtypes or []:
         if device.type == "cpu" and d in ("tf32", "fp8"):
             raise invalid("dtypes", d, "TF32 and FP8 matmuls need a CUDA GPU (use fp32, bf16 or fp16 on CPU)")
         if d == "fp8" and not matmul.has_fp8(device):
             raise invalid("dtypes", d, "this GPU has no FP8 tensor cores (compute capability 8.9 or newer needed)")
-    return device
+    return Plan(cfg, device)
 
 
 def run_hw(cfg: HwConfig, log: Log = _stderr) -> ResultRecord:
-    device = preflight(cfg)
+    device = preflight(cfg).device
     env = environment(device)
     m = HwMetrics(device_name=env["gpu"]["name"] or env["cpu"]["model"])
     started = time.perf_counter()
@@ -59,10 +58,8 @@ def run_hw(cfg: HwConfig, log: Log = _stderr) -> ResultRecord:
     m.telemetry = sampler.stop() if sampler else None
     m.wall_s = time.perf_counter() - started
     failed = {s: v for s, v in m.sections.items() if v.startswith("failed")}
-    return ResultRecord(kind="hw", status="failed" if failed else "ok",
-                        error="\n".join(f"{s}: {v}" for s, v in failed.items()) or None,
-                        config=cfg.model_dump(), config_hash=cfg.config_hash(), environment=env, tags=cfg.tag,
-                        metrics=m)
+    return ResultRecord.for_config(cfg, env, kind="hw", status="failed" if failed else "ok",
+                                   error="\n".join(f"{s}: {v}" for s, v in failed.items()) or None, metrics=m)
 
 
 def _matmul(cfg: HwConfig, device: torch.device, m: HwMetrics, log: Log) -> str:
@@ -106,7 +103,7 @@ def _collectives(cfg: HwConfig, device: torch.device, m: HwMetrics, log: Log) ->
         f"{sizes[0]:,} to {sizes[-1]:,} bytes")
     out = collectives.run(device.type, n, sizes, iters, 2 if cfg.quick else 5, cfg.timeout, cfg.telemetry)
     m.collectives, m.collective_world_size, m.collective_backend = out["rows"], out["world_size"], out["backend"]
-    m.collectives_telemetry = out["telemetry"]
+    m.collectives_telemetry = RunTelemetry.model_validate(out["telemetry"]) if out["telemetry"] else None
     m.busbw_peak_gbps = {op: max(r["busbw_gbps"] for r in out["rows"] if r["op"] == op) for op in collectives.OPS}
     log("hw: peak busbw " + ", ".join(f"{op} {v:,.1f} GB/s" for op, v in m.busbw_peak_gbps.items()))
     return "ok"

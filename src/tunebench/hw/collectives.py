@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -103,17 +101,17 @@ def _sync(device: torch.device) -> None:
 def run(device_type: str, nproc: int, sizes_: list[int], iters: int, warmup: int, timeout: float,
         with_telemetry: bool) -> dict:
     """Start `nproc` ranks with torchrun on this node and return rank 0's result; raises on failure."""
-    from tunebench.launch.torchrun import run_torchrun, torchrun_env
+    from tunebench.launch.processes import run_torchrun, torchrun_env
+    from tunebench.launch.rundir import RunDir
 
-    with tempfile.TemporaryDirectory(prefix="tunebench-hw-") as rundir:
-        job = {"device": device_type, "sizes": sizes_, "iters": iters, "warmup": warmup, "timeout": timeout,
-               "telemetry": with_telemetry}
-        (Path(rundir) / "job.json").write_text(json.dumps(job))
+    with RunDir.temporary("tunebench-hw-") as rundir:
+        rundir.write_job({"device": device_type, "sizes": sizes_, "iters": iters, "warmup": warmup,
+                          "timeout": timeout, "telemetry": with_telemetry})
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                "--max-restarts=0", "--monitor-interval=0.5", "-m", "tunebench.hw.worker", rundir]
+                "--max-restarts=0", "--monitor-interval=0.5", "-m", "tunebench.hw.worker", str(rundir.path)]
         code, tail = run_torchrun(argv, torchrun_env(nproc, device_type == "cpu"), timeout=timeout + 120)
-        result = Path(rundir) / "result.json"
-        if code != 0 or not result.exists():
+        text = rundir.result()
+        if code != 0 or text is None:
             raise RuntimeError(f"collectives failed (exit code {code}):\n" + "".join(tail)[-3000:])
-        return json.loads(result.read_text())
+        return json.loads(text)
 

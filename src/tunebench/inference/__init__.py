@@ -7,10 +7,11 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from tunebench.config import InferConfig, LoadConfig, config_hash
-from tunebench.errors import UserError
+from tunebench.config import InferConfig, LoadConfig
+from tunebench.errors import require
 from tunebench.models.build import Weights
 from tunebench.record import ResultRecord
+from tunebench.status import failure
 
 QUANTIZED = ("int8", "nf4", "fp4")
 
@@ -24,27 +25,15 @@ def weights_for(precision: str, cfg: LoadConfig | InferConfig) -> Weights:
 
 
 def require_bitsandbytes(precisions: list[str]) -> None:
-    if any(p in QUANTIZED for p in precisions):
-        try:
-            import bitsandbytes  # noqa: F401
-        except Exception:  # a broken install is as missing as an absent one
-            raise UserError(f"precisions {', '.join(p for p in precisions if p in QUANTIZED)} need the "
-                            "'bitsandbytes' package, which is not installed (pip install bitsandbytes)") from None
-
-
-def record_config(cfg: LoadConfig | InferConfig, **one: object) -> tuple[dict, str]:
-    """One record's config (the command's, with the lists it iterates replaced by this record's values)
-    and its hash (tags and telemetry left out, as for training runs)."""
-    data = cfg.model_dump(exclude={"precisions", "batch_sizes"}) | one
-    return data, config_hash({k: v for k, v in data.items() if k not in ("tag", "telemetry")})
+    quantized = [p for p in precisions if p in QUANTIZED]
+    if quantized:
+        require("bitsandbytes", f"precisions {', '.join(quantized)}")
 
 
 @contextlib.contextmanager
 def recorded(rec: ResultRecord, log: Callable[[str], None], what: str) -> Iterator[None]:
     """Run one measurement: ok if the body finishes; an exception becomes the record's status and error
     (a precision or batch size that fails is a result, and the next one still runs)."""
-    from tunebench.runner import failure
-
     try:
         yield
         rec.status = "ok"

@@ -21,19 +21,20 @@ from transformers import DynamicCache, StaticCache
 from tunebench.config import InferConfig
 from tunebench.environment import environment
 from tunebench.errors import invalid
-from tunebench.inference import record_config, recorded, require_bitsandbytes, weights_for
+from tunebench.inference import recorded, require_bitsandbytes, weights_for
 from tunebench.metrics import telemetry
 from tunebench.metrics.memory import peak_memory, release, reset_peak
 from tunebench.metrics.timer import StepTimer
 from tunebench.models import ModelSpec, resolve_model
 from tunebench.models.build import build
+from tunebench.preflight import Plan, resolve_device
 from tunebench.record import InferMetrics, ResultRecord
-from tunebench.runner import failure, resolve_device
+from tunebench.status import failure
 
 Log = Callable[[str], None]
 
 
-def preflight(cfg: InferConfig) -> tuple[ModelSpec, torch.device]:
+def preflight(cfg: InferConfig) -> Plan:
     spec = resolve_model(cfg.model)
     total = cfg.prompt_len + cfg.new_tokens
     if spec.max_positions and total > spec.max_positions:
@@ -43,7 +44,7 @@ def preflight(cfg: InferConfig) -> tuple[ModelSpec, torch.device]:
     if device.type == "cpu" and cfg.attn == "flash":
         raise invalid("attn", "flash", "flash attention needs a CUDA GPU (use sdpa)")
     require_bitsandbytes(cfg.precisions)
-    return spec, device
+    return Plan(cfg, device, spec)
 
 
 @torch.inference_mode()
@@ -77,7 +78,8 @@ def generate(model, step, ids: torch.Tensor, new_tokens: int, cache=None) -> tup
 
 def run_infer(cfg: InferConfig, log: Log) -> Iterator[ResultRecord]:
     """One record per precision and batch size, yielded as each finishes."""
-    spec, device = preflight(cfg)
+    plan = preflight(cfg)
+    spec, device = plan.spec, plan.device
     env = environment(device)
     for precision in cfg.precisions:
         try:
@@ -85,7 +87,7 @@ def run_infer(cfg: InferConfig, log: Log) -> Iterator[ResultRecord]:
         except Exception as err:  # the model does not fit or load: every batch size of it says so
             status, why = failure(err)
             for b in cfg.batch_sizes:
-                config, h = record_config(cfg, precision=precision, batch_size=b)
+                config, h = cfg.record_config(precision=precision, batch_size=b)
                 yield ResultRecord(kind="infer", status=status, error=why, config=config, config_hash=h,
                                    environment=env, tags=cfg.tag, metrics=InferMetrics(batch_size=b))
             continue
@@ -102,7 +104,7 @@ def run_infer(cfg: InferConfig, log: Log) -> Iterator[ResultRecord]:
 
 def _measure(cfg: InferConfig, spec: ModelSpec, model, step, precision: str, batch: int, source: str,
              device: torch.device, env: dict, log: Log) -> ResultRecord:
-    config, h = record_config(cfg, precision=precision, batch_size=batch)
+    config, h = cfg.record_config(precision=precision, batch_size=batch)
     m = InferMetrics(batch_size=batch, prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens, weights=source,
                      model_bytes=model.get_memory_footprint(), params_total=sum(p.numel() for p in model.parameters()))
     rec = ResultRecord(kind="infer", config=config, config_hash=h, environment=env, tags=cfg.tag, metrics=m)

@@ -22,25 +22,25 @@ import torch
 from tunebench.config import LoadConfig
 from tunebench.environment import environment
 from tunebench.errors import invalid
-from tunebench.inference import record_config, recorded, require_bitsandbytes, weights_for
+from tunebench.inference import recorded, require_bitsandbytes, weights_for
 from tunebench.metrics import telemetry
 from tunebench.metrics.memory import current_rss_bytes, peak_memory, release, reset_peak
 from tunebench.metrics.timer import synchronize
 from tunebench.models import ModelSpec, load_meta_model, resolve_model
 from tunebench.models.build import Weights, build, from_pretrained
+from tunebench.preflight import Plan, resolve_device
 from tunebench.record import LoadMetrics, ResultRecord
-from tunebench.runner import resolve_device
 
 Log = Callable[[str], None]
 
 
-def preflight(cfg: LoadConfig) -> tuple[ModelSpec, torch.device]:
+def preflight(cfg: LoadConfig) -> Plan:
     spec = resolve_model(cfg.model)
     if spec.path and not spec.has_weights:
         raise invalid("model", cfg.model, "the directory has no *.safetensors files to load")
     device = resolve_device(cfg.device)
     require_bitsandbytes(cfg.precisions)
-    return spec, device
+    return Plan(cfg, device, spec)
 
 
 @contextlib.contextmanager
@@ -81,7 +81,8 @@ def _page_cache(files: list[Path], cold: bool) -> None:
 
 def run_load(cfg: LoadConfig, log: Log) -> Iterator[ResultRecord]:
     """One record per precision, yielded as each load finishes."""
-    spec, device = preflight(cfg)
+    plan = preflight(cfg)
+    spec, device = plan.spec, plan.device
     env = environment(device)
     with model_dir(spec, cfg, device, log) as path:
         files = sorted(path.glob("*.safetensors"))
@@ -97,7 +98,7 @@ def run_load(cfg: LoadConfig, log: Log) -> Iterator[ResultRecord]:
 
 def _load_one(cfg: LoadConfig, spec: ModelSpec, path: Path, files: list[Path], disk: int, precision: str,
               device: torch.device, env: dict, log: Log) -> ResultRecord:
-    config, h = record_config(cfg, precision=precision)
+    config, h = cfg.record_config(precision=precision)
     m = LoadMetrics(precision=precision, disk_bytes=disk, cache=cfg.cache,
                     weights="safetensors" if spec.has_weights else "random")
     rec = ResultRecord(kind="load", config=config, config_hash=h, environment=env, tags=cfg.tag, metrics=m)

@@ -2,31 +2,25 @@
 
 tunebench does no process spawning or rank arithmetic of its own: torchrun starts the ranks
 (tunebench.launch.worker), restarts none of them, and ends all of them when one fails. If rank 0
-left no record, this launcher writes one with status failed (or oom), the failing rank's error and
+left no record, this launcher makes one with status failed (or oom), the failing rank's error and
 the figures of every rank that finished.
 """
 
 from __future__ import annotations
 
-import collections
-import ctypes
-import json
-import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from tunebench.config import RunConfig
 from tunebench.environment import environment
+from tunebench.launch.processes import run_torchrun, torchrun_env
+from tunebench.launch.rundir import RunDir
 from tunebench.metrics.aggregate import MEMORY, max_present
+from tunebench.preflight import nproc_per_node
 from tunebench.record import ResultRecord, TrainMetrics
-from tunebench.runner import nproc_per_node, preflight
-from tunebench.store import Store
+from tunebench.runner import preflight
 
 
 def torchrun_argv(cfg: RunConfig, nproc: int, rundir: Path) -> list[str]:
@@ -41,84 +35,21 @@ def torchrun_argv(cfg: RunConfig, nproc: int, rundir: Path) -> list[str]:
     return argv + ["-m", "tunebench.launch.worker", str(rundir)]
 
 
-def torchrun_env(nproc: int, cpu: bool) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if cpu:  # share the cores between the ranks instead of oversubscribing them
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    return env
-
-
-def launch(cfg: RunConfig, store: str | Path | None, sweep_id: str | None = None,
-           scaling_baseline: dict | None = None, record_id: str | None = None) -> ResultRecord | None:
-    """Run `cfg` under torchrun on this node. Returns the record, or None when rank 0 ran on another node."""
-    plan = preflight(cfg)  # bad input fails here, before any process starts
-    nproc = nproc_per_node(cfg, plan.device)
-    rundir = Path(tempfile.mkdtemp(prefix="tunebench-run-"))
-    try:
-        job = {"config": cfg.model_dump(), "store": str(store) if store else None, "sweep_id": sweep_id,
-               "scaling_baseline": scaling_baseline, "record_id": record_id}
-        (rundir / "job.json").write_text(json.dumps(job))
-        code, tail = run_torchrun(torchrun_argv(cfg, nproc, rundir), torchrun_env(nproc, plan.device.type == "cpu"))
-        result = rundir / "result.json"
-        if result.exists():
-            return ResultRecord.model_validate_json(result.read_text())
-        if code == 0 or cfg.node_rank != 0:
-            return None  # rank 0 ran on another node; on failure the first node's launcher records it, once
-        rec = failed_record(cfg, rundir, tail, plan.device, nproc * cfg.nnodes, sweep_id)
-        if record_id:
-            rec.id = record_id
-        if store:
-            with Store(store) as s:
-                s.save(rec)
-        return rec
-    finally:
-        shutil.rmtree(rundir, ignore_errors=True)
-
-
-def die_with_parent() -> None:
-    """In a child, before exec: get SIGKILL if this process dies, so no run outlives a killed sweep."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: children may outlive a killed parent
-        pass
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:  # already gone
-        pass
-
-
-def run_torchrun(argv: list[str], env: dict[str, str], timeout: float | None = None) -> tuple[int, list[str]]:
-    """Run torchrun, echoing its output to stderr; returns its exit code and last lines.
-
-    After `timeout` seconds torchrun and every rank are killed (the last line then says so).
-    """
-    tail: collections.deque[str] = collections.deque(maxlen=120)
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, bufsize=1, preexec_fn=die_with_parent)
-    timer = threading.Timer(timeout, _kill_group, (proc.pid,)) if timeout else None
-    if timer:
-        timer.start()
-    try:
-        for line in proc.stdout:
-            sys.stderr.write(line)
-            tail.append(line)
-        proc.wait()
-        if timer and not timer.is_alive():
-            tail.append(f"killed after the {timeout:.0f} s time limit\n")
-    except BaseException:  # Ctrl-C or the caller's timeout: end torchrun and every rank with it
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    finally:
-        if timer:
-            timer.cancel()
-    return proc.returncode, list(tail)
+@dataclass
+class Torchrun:
+    def launch(self, cfg: RunConfig) -> ResultRecord | None:
+        """Run `cfg` under torchrun on this node. None when rank 0 ran (and recorded) on another node."""
+        plan = preflight(cfg)  # bad input fails here, before any process starts
+        nproc = nproc_per_node(cfg, plan.device)
+        with RunDir.temporary() as rundir:
+            rundir.write_job({"config": cfg.model_dump()})
+            code, tail = run_torchrun(torchrun_argv(cfg, nproc, rundir.path),
+                                      torchrun_env(nproc, plan.device.type == "cpu"))
+            if (text := rundir.result()) is not None:
+                return ResultRecord.model_validate_json(text)
+            if code == 0 or cfg.node_rank != 0:
+                return None  # rank 0 ran on another node; on failure the first node's launcher records it, once
+            return failed_record(cfg, rundir, tail, plan.device, nproc * cfg.nnodes)
 
 
 TEARDOWN = -15  # SIGTERM: how torchrun ends the ranks that survived the first failure
@@ -149,10 +80,8 @@ def root_cause(tail: list[str]) -> dict | None:
     return next((e for e in entries if first and e["rank"] == int(first.group(1))), entries[0])
 
 
-def failed_record(cfg: RunConfig, rundir: Path, tail: list[str], device, world: int,
-                  sweep_id: str | None) -> ResultRecord:
-    errors = [json.loads(p.read_text()) for p in sorted(rundir.glob("error-rank-*.txt"))]
-    ranks = [json.loads(p.read_text()) for p in sorted(rundir.glob("rank-*.json"))]
+def failed_record(cfg: RunConfig, rundir: RunDir, tail: list[str], device, world: int) -> ResultRecord:
+    errors, ranks = rundir.errors(), rundir.ranks()
     cause = root_cause(tail)
     by_rank = {e["rank"]: e for e in errors}
     first = by_rank.get(cause["rank"]) if cause else None
@@ -164,9 +93,7 @@ def failed_record(cfg: RunConfig, rundir: Path, tail: list[str], device, world: 
         error = f"{head}\nrank {first['rank']} reported:\n{first['error']}"
     else:  # killed by a signal before writing anything: torchrun's output is all there is
         error = f"{head}\n" + "".join(tail)[-3000:]
-    m = TrainMetrics(world_size=world, nnodes=cfg.nnodes, per_rank=[
-        {k: v for k, v in r.items() if k != "step_times"} for r in ranks] or None)
+    m = TrainMetrics(world_size=world, nnodes=cfg.nnodes, per_rank=ranks or None)
     for k in MEMORY:
-        setattr(m, k, max_present([r.get(k) for r in ranks]))
-    return ResultRecord(config=cfg.model_dump(), config_hash=cfg.config_hash(), environment=environment(device),
-                        tags=cfg.tag, status=status, error=error, sweep_id=sweep_id, metrics=m)
+        setattr(m, k, max_present([getattr(r, k) for r in ranks]))
+    return ResultRecord.for_config(cfg, environment(device), status=status, error=error, metrics=m)

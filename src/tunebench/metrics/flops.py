@@ -1,4 +1,4 @@
-"""Model FLOPs per token, MFU and HFU, exactly as DESIGN.md section 2 defines them.
+"""Model FLOPs per token, MFU and HFU, exactly as docs/metrics.md defines them.
 
 Training where all weights get gradients: 6*N_matmul + 6*L*H*head_dim*S (PaLM appendix B,
 torchtitan; the attention term is for causal attention, half of the full S x S product).

@@ -11,6 +11,10 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
+
+from tunebench.record import GpuTelemetry, RunTelemetry
 
 # nvmlClocksEventReason* bit -> name (the throttle reasons nvidia-smi reports)
 REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
@@ -71,7 +75,7 @@ class Telemetry:
                 return
             self._stop.wait(self.interval)
 
-    def stop(self) -> dict | None:
+    def stop(self) -> GpuTelemetry | None:
         """The summary of the samples; None without NVML, without samples, or once already stopped."""
         if not self._nvml:
             return None
@@ -90,32 +94,29 @@ class Telemetry:
         _, util, power, temp, clock = zip(*self.samples)
         energy = (e1 - self._energy0) / 1000.0 if e1 is not None and self._energy0 is not None \
             else statistics.fmean(power) * wall
-        return {
-            "samples": len(self.samples), "interval_s": self.interval, "wall_s": wall,
-            "gpu_util_mean_pct": statistics.fmean(util), "gpu_util_min_pct": min(util),
-            "power_mean_w": statistics.fmean(power), "power_max_w": max(power), "energy_j": energy,
-            "energy_source": "counter" if e1 is not None else "power x time",
-            "temperature_max_c": max(temp), "sm_clock_mean_mhz": statistics.fmean(clock),
-            "sm_clock_min_mhz": min(clock),
-            "throttle_reasons": sorted(name for bit, name in REASONS.items() if self.reasons & bit),
-        }
+        return GpuTelemetry(
+            samples=len(self.samples), interval_s=self.interval, wall_s=wall,
+            gpu_util_mean_pct=statistics.fmean(util), gpu_util_min_pct=min(util),
+            power_mean_w=statistics.fmean(power), power_max_w=max(power), energy_j=energy,
+            energy_source="counter" if e1 is not None else "power x time",
+            temperature_max_c=max(temp), sm_clock_mean_mhz=statistics.fmean(clock), sm_clock_min_mhz=min(clock),
+            throttle_reasons=sorted(name for bit, name in REASONS.items() if self.reasons & bit))
 
 
-def combine(per_rank: list[dict | None]) -> dict | None:
+def combine(per_rank: list[GpuTelemetry | Mapping[str, Any] | None]) -> RunTelemetry | None:
     """One GPU's summary per rank -> the run's: energy summed, the worst clock/temperature kept."""
     ranks = [t for t in per_rank if t]
     if not ranks:
         return None
-    return {
-        "gpus": len(ranks), "energy_j": sum(t["energy_j"] for t in ranks),
-        "power_mean_w": sum(t["power_mean_w"] for t in ranks),
-        "gpu_util_mean_pct": statistics.fmean(t["gpu_util_mean_pct"] for t in ranks),
-        "temperature_max_c": max(t["temperature_max_c"] for t in ranks),
-        "sm_clock_min_mhz": min(t["sm_clock_min_mhz"] for t in ranks),
-        "sm_clock_mean_mhz": statistics.fmean(t["sm_clock_mean_mhz"] for t in ranks),
-        "throttle_reasons": sorted({r for t in ranks for r in t["throttle_reasons"]}),
-        "energy_source": ranks[0]["energy_source"], "samples": sum(t["samples"] for t in ranks),
-    }
+    return RunTelemetry(
+        gpus=len(ranks), energy_j=sum(t["energy_j"] for t in ranks),
+        power_mean_w=sum(t["power_mean_w"] for t in ranks),
+        gpu_util_mean_pct=statistics.fmean(t["gpu_util_mean_pct"] for t in ranks),
+        temperature_max_c=max(t["temperature_max_c"] for t in ranks),
+        sm_clock_min_mhz=min(t["sm_clock_min_mhz"] for t in ranks),
+        sm_clock_mean_mhz=statistics.fmean(t["sm_clock_mean_mhz"] for t in ranks),
+        throttle_reasons=sorted({r for t in ranks for r in t["throttle_reasons"]}),
+        energy_source=ranks[0]["energy_source"], samples=sum(t["samples"] for t in ranks))
 
 
 def start(device, enabled: bool = True) -> Telemetry | None:

@@ -128,6 +128,7 @@ def _materialize(model: PreTrainedModel, w: Weights, device: torch.device) -> No
             done[id(p)] = new
             setattr(module, pname, new)
     model.to(device)  # the buffers (rotary tables) that were kept real on the CPU
+    avoid_cpu_repack(model)
 
 
 def _quantized_weight(module: nn.Module, device: torch.device, w: Weights, std: float,
@@ -142,6 +143,15 @@ def _quantized_weight(module: nn.Module, device: torch.device, w: Weights, std: 
         q = bnb.nn.Params4bit(full, requires_grad=False, quant_type=w.quant, compress_statistics=w.double_quant,
                               quant_storage=torch.uint8, module=module)
     return q.to(device)  # quantizes; the bf16 tensor is freed when `full` goes out of scope
+
+
+def avoid_cpu_repack(model: nn.Module) -> None:
+    """bitsandbytes (0.50) repacks a 4-bit weight for its AVX512-BF16 CPU kernel at the first inference
+    forward; the repacking needs out_features % 32 == 0 and whole 64-element quantization blocks per row.
+    Layers of other widths (tiny-llama's 176-wide MLP) keep the generic path, which computes the same product."""
+    for m in model.modules():
+        if hasattr(m, "support_avx512bf16_for_cpu") and (m.out_features % 32 or m.in_features % 64):
+            m.support_avx512bf16_for_cpu = False
 
 
 def quantization_config(w: Weights):
@@ -164,6 +174,7 @@ def from_pretrained(path, w: Weights, device: torch.device) -> PreTrainedModel:
         kwargs["quantization_config"] = q
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = w.use_cache
+    avoid_cpu_repack(model)
     return model
 
 

@@ -1,12 +1,18 @@
-"""Resolve a model name to its Hugging Face config without building anything."""
+"""Resolve a model name to its shape without building anything (and, for presets, without torch).
+
+A ModelSpec answers shape questions (layers, heads, vocabulary, positions) from plain config data,
+so checks and deployments need neither torch nor transformers; `hf_config` builds the transformers
+config only when a model is actually built.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from transformers import AutoConfig, PretrainedConfig
+from typing import Any
 
 from tunebench.errors import UserError
 from tunebench.models.presets import PRESETS
@@ -15,31 +21,46 @@ from tunebench.models.presets import PRESETS
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    hf_config: PretrainedConfig
+    shape: dict[str, Any]  # config.json keys (a preset's, or the local directory's)
     path: Path | None = None  # local directory, None for presets
     has_weights: bool = False  # safetensors present in the local directory
+    make_config: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+
+    def _get(self, *keys: str) -> Any:
+        return next((self.shape[k] for k in keys if self.shape.get(k) is not None), None)
+
+    @property
+    def hf_config(self) -> Any:
+        """The transformers config (built on first use: this imports transformers and torch)."""
+        cached = self.__dict__.get("_hf_config")
+        if cached is None:
+            cached = self.make_config()
+            object.__setattr__(self, "_hf_config", cached)
+        return cached
 
     @property
     def max_positions(self) -> int | None:
-        c = self.hf_config
-        return getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
+        return self._get("max_position_embeddings", "n_positions")
 
     @property
     def num_layers(self) -> int:
-        return self.hf_config.num_hidden_layers
+        return self._get("num_hidden_layers", "n_layer")
 
     @property
     def num_heads(self) -> int:
-        return self.hf_config.num_attention_heads
+        return self._get("num_attention_heads", "n_head")
+
+    @property
+    def hidden_size(self) -> int:
+        return self._get("hidden_size", "n_embd")
 
     @property
     def head_dim(self) -> int:
-        c = self.hf_config
-        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return self._get("head_dim") or self.hidden_size // self.num_heads
 
     @property
     def vocab_size(self) -> int:
-        return self.hf_config.vocab_size
+        return self.shape["vocab_size"]
 
 
 def _looks_like_path(name: str) -> bool:
@@ -49,7 +70,8 @@ def _looks_like_path(name: str) -> bool:
 def resolve_model(name: str) -> ModelSpec:
     """A preset name or a local directory holding config.json; anything else is refused."""
     if name in PRESETS:
-        return ModelSpec(name, PRESETS[name]())
+        preset = PRESETS[name]
+        return ModelSpec(name, dict(preset.shape), make_config=preset.hf_config)
     if not _looks_like_path(name):
         raise UserError(f"invalid model={name}: not a preset ({', '.join(PRESETS)}) nor a local directory")
     path = Path(name).expanduser()
@@ -58,8 +80,10 @@ def resolve_model(name: str) -> ModelSpec:
     if not (path / "config.json").is_file():
         raise UserError(f"invalid model={name}: directory has no config.json (not a Hugging Face model)")
     try:
+        from transformers import AutoConfig
+
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as err:  # transformers raises several types for unreadable configs
         raise UserError(f"invalid model={name}: config.json could not be read ({str(err).splitlines()[0]})") from None
-    has_weights = any(path.glob("*.safetensors"))
-    return ModelSpec(str(path), hf_config, path, has_weights)
+    shape = json.loads((path / "config.json").read_text()) | hf_config.to_dict()
+    return ModelSpec(str(path), shape, path, any(path.glob("*.safetensors")), make_config=lambda: hf_config)

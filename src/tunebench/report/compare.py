@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tunebench.errors import UserError
 from tunebench.record import ResultRecord
+from tunebench.report.format import label
 from tunebench.store import Store
 
 
@@ -52,14 +53,6 @@ METRICS = (("tokens/s", "tokens_per_s", +1), ("peak memory", "peak_mem_allocated
 COMPARABLE = ("train", "infer")  # kinds with tokens/s; hw and load records have no workload to match
 
 
-def _name(r: ResultRecord) -> str:
-    c = r.config
-    if r.kind == "infer":
-        return (f"infer {c['model']} {c['precision']} b{c['batch_size']} p{c['prompt_len']}+{c['new_tokens']} "
-                f"{c['kv_cache']}" + (" compile" if c.get("compile") else ""))
-    return f"{c['model']} {c['method']} {c.get('strategy', 'single')} b{c['batch_size']}x{c['grad_accum']} s{c['seq_len']}"
-
-
 def _mean(recs: list[ResultRecord], attr: str) -> float | None:
     vals = [getattr(r.metrics, attr, None) for r in recs if r.status == "ok"]
     vals = [v for v in vals if v is not None]
@@ -78,19 +71,19 @@ def compare(a: list[ResultRecord], b: list[ResultRecord], threshold: float = 0.0
     rows = []
     for h in [h for h in by_a if h in by_b]:
         ra, rb = by_a[h], by_b[h]
-        name = _name(ra[0])
+        name = label(ra[0])
         ratios, flags, regression = {}, [], False
         ok_a, ok_b = any(r.status == "ok" for r in ra), any(r.status == "ok" for r in rb)
         if ok_a and not ok_b:
             flags.append(f"now {', '.join(sorted({r.status for r in rb}))}")
             regression = True
-        for label, attr, better in METRICS:
+        for what, attr, better in METRICS:
             va, vb = _mean(ra, attr), _mean(rb, attr)
-            ratios[label] = vb / va if va and vb is not None else None
-            if ratios[label] is not None and abs(ratios[label] - 1) > threshold:
-                change = ratios[label] - 1
+            ratios[what] = vb / va if va and vb is not None else None
+            if ratios[what] is not None and abs(ratios[what] - 1) > threshold:
+                change = ratios[what] - 1
                 worse = change * better < 0
-                flags.append(f"{label} {change:+.1%}" + (" (regression)" if worse else ""))
+                flags.append(f"{what} {change:+.1%}" + (" (regression)" if worse else ""))
                 regression |= worse
         rows.append(Row(name, ratios, flags, regression))
     only = [f"only in A: {len(set(by_a) - set(by_b))} configurations", f"only in B: {len(set(by_b) - set(by_a))}"]

@@ -10,13 +10,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from rich.table import Table
-
+from tunebench.document import Table
 from tunebench.record import ResultRecord
+from tunebench.report.format import gib, pct
 
 THROUGHPUT_BAR = 0.05
 MEMORY_BAR = 0.02
-GIB = 1024**3
 
 
 @dataclass
@@ -63,18 +62,15 @@ def device_label(r: ResultRecord) -> str:
 
 
 def table(c: Consistency) -> Table:
-    t = Table(title=f"consistency of {len(c.records)} runs: throughput spread {c.tps_spread:.1%} (bar ±5%), "
-                    f"memory spread {'-' if c.mem_spread is None else f'{c.mem_spread:.1%}'} (bar ±2%)")
-    for col in ("device", "tokens/s", "vs median", "peak memory", "vs median", "verdict", "telemetry"):
-        t.add_column(col)
+    t = Table(["device", "tokens/s", "vs median", "peak memory", "vs median", "verdict", "telemetry"],
+              title=f"consistency of {len(c.records)} runs: throughput spread {pct(c.tps_spread)} (bar ±5%), "
+                    f"memory spread {pct(c.mem_spread)} (bar ±2%)")
     for r, dt, dm in zip(c.records, c.tps_dev, c.mem_dev):
         out = abs(dt) > THROUGHPUT_BAR or (dm is not None and abs(dm) > MEMORY_BAR)
         tel = r.metrics.telemetry
         tel_text = "no telemetry" if not tel else (
-            f"SM clock min {tel['sm_clock_min_mhz']} MHz, max {tel['temperature_max_c']} C, throttle: "
-            + (", ".join(tel["throttle_reasons"]) or "none"))
-        mem = _mem(r)
-        t.add_row(device_label(r), f"{r.metrics.tokens_per_s:,.1f}", f"{dt:+.1%}",
-                  "-" if mem is None else f"{mem / GIB:.2f} GiB", "-" if dm is None else f"{dm:+.1%}",
-                  "OUTLIER" if out else "ok", tel_text if out else "")
+            f"SM clock min {tel.sm_clock_min_mhz} MHz, max {tel.temperature_max_c} C, throttle: "
+            + (", ".join(tel.throttle_reasons) or "none"))
+        t.add(device_label(r), f"{r.metrics.tokens_per_s:,.1f}", f"{dt:+.1%}", gib(_mem(r)),
+              "-" if dm is None else f"{dm:+.1%}", "OUTLIER" if out else "ok", tel_text if out else "")
     return t

@@ -10,22 +10,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from tunebench.files import written_aside  # noqa: E402
 from tunebench.record import ResultRecord  # noqa: E402
-
-GIB = 1024**3
-
-
-def label(r: ResultRecord, names: dict[str, str] | None = None) -> str:
-    if names and r.config_hash in names:
-        return names[r.config_hash]
-    c, m = r.config, r.metrics
-    return (f"{c['model']} {c['method']} {c.get('strategy', 'single')} x{m.world_size} "
-            f"b{c['batch_size']}x{c['grad_accum']} s{c['seq_len']}")
+from tunebench.report.format import label  # noqa: E402
+from tunebench.units import GIB  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with written_aside(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -104,13 +98,13 @@ def scaling(ok: list[ResultRecord], out: Path) -> Path | None:
         if s:
             c = r.config
             series[(c["model"], c.get("strategy"), c["batch_size"], c["grad_accum"])].append(
-                (r.metrics.world_size, s["efficiency"], s["speedup"]))
+                (r.metrics.world_size, s.efficiency, s.speedup))
     series = {k: sorted(v) for k, v in series.items() if len(v) > 1}
     if not series:
         return None
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     top = 1
-    for (model, strat, b, ga), pts in series.items():
+    for (_model, strat, b, ga), pts in series.items():
         ws = [p[0] for p in pts]
         top = max(top, *ws)
         a1.plot(ws, [p[2] for p in pts], "o-", label=f"{strat} b{b}x{ga}")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import yaml
 
+from tunebench.files import write_text
 from tunebench.record import ResultRecord
-from tunebench.report.summary import fmt
-
-GIB = 1024**3
+from tunebench.report.format import config_label, fmt, gib, pct, step_times
+from tunebench.units import GIB
 
 
 def slug(text: str) -> str:
@@ -20,24 +20,21 @@ def slug(text: str) -> str:
 def publish(rec: ResultRecord, out: Path, name: str | None = None) -> Path:
     c, m, env = rec.config, rec.metrics, rec.environment
     gpu = env.get("gpu", {})
-    title = name or f"{c['model']} {c['method']} {c.get('strategy', 'single')} x{m.world_size}"
-    st = m.step_time_s
+    title = name or config_label(c, rec.kind, m.world_size)
     figures = [
-        ("status", rec.status), ("tokens/s (global)", f"{m.tokens_per_s:,.1f}" if m.tokens_per_s else "-"),
-        ("tokens/s per GPU", f"{m.tokens_per_s_per_gpu:,.1f}" if m.tokens_per_s_per_gpu else "-"),
-        ("samples/s", f"{m.samples_per_s:,.3f}" if m.samples_per_s else "-"),
-        ("step time p50 / p90 / p99", "-" if not st else f"{st.p50 * 1e3:.1f} / {st.p90 * 1e3:.1f} / {st.p99 * 1e3:.1f} ms"),
-        ("peak memory allocated / reserved",
-         f"{fmt(m.peak_mem_allocated_bytes, '.2f', GIB)} / {fmt(m.peak_mem_reserved_bytes, '.2f', GIB)} GiB"),
-        ("MFU / HFU", f"{fmt(m.mfu, '.1%')} / {fmt(m.hfu, '.1%')}"),
+        ("status", rec.status), ("tokens/s (global)", fmt(m.tokens_per_s)),
+        ("tokens/s per GPU", fmt(m.tokens_per_s_per_gpu)), ("samples/s", fmt(m.samples_per_s, ",.3f")),
+        ("step time p50 / p90 / p99", step_times(m.step_time_s)),
+        ("peak memory allocated / reserved", f"{gib(m.peak_mem_allocated_bytes)} / {gib(m.peak_mem_reserved_bytes)}"),
+        ("MFU / HFU", f"{pct(m.mfu)} / {pct(m.hfu)}"),
         ("FLOPs per token", m.flops_formula or "-"),
         ("timed steps / warmup", f"{m.timed_steps} / {c.get('warmup')}"),
         ("setup", "-" if m.setup_s is None else f"{m.setup_s:.1f} s"),
         ("loss first / last", f"{m.loss_first} / {m.loss_last}"),
     ]
     if m.scaling:
-        figures.append(("scaling", f"speedup {m.scaling['speedup']:.2f}x, efficiency {m.scaling['efficiency']:.1%}"))
-    versions = env.get("versions", {})
+        figures.append(("scaling", f"speedup {m.scaling.speedup:.2f}x, efficiency {pct(m.scaling.efficiency)}"))
+    versions, tb = env.get("versions", {}), env.get("tunebench", {})
     text = "\n".join([
         f"# {title}", "", f"Result `{rec.id}`, {rec.created_at}." + (f" Error: `{rec.error.splitlines()[-1]}`"
                                                                         if rec.error else ""), "",
@@ -49,9 +46,8 @@ def publish(rec: ResultRecord, out: Path, name: str | None = None) -> Path:
         f"- CPU: {env.get('cpu', {}).get('model')} ({env.get('cpu', {}).get('cores')} cores), "
         f"host {env.get('host', {}).get('hostname')}", "",
         "## Software", "", *[f"- {k} {v}" for k, v in versions.items() if v],
-        f"- tunebench {env.get('tunebench', {}).get('version')} (commit {env.get('tunebench', {}).get('git_commit')})", "",
+        f"- tunebench {tb.get('version')} (commit {tb.get('git_commit')})", "",
         "## Configuration", "", "```yaml", yaml.safe_dump(c, sort_keys=False).strip(), "```", "",
         "Reproduce: save the configuration above as `run.yaml`, then `tunebench run run.yaml`.", ""])
     path = out / f"{slug(title)}-{rec.id[:8]}.md"
-    path.write_text(text)
-    return path
+    return write_text(path, text)

@@ -1,68 +1,88 @@
-"""Data-parallel strategies. Each one is a small ``apply_*`` function returning a TrainStep.
+"""Distributed strategies: a registry of what each one is, refuses and needs; each wraps the model in its module.
 
-A TrainStep knows how to run one micro-batch forward and backward (with or without gradient
-synchronisation) and how to apply the optimizer; the loop above it is the same for all strategies.
+A strategy is one module here with ``apply(module, blocks, cfg, device, world_size, **options) ->
+TrainStep`` plus one line in STRATEGIES. The registry itself imports no torch, so input checks,
+deployments and the README's method x strategy matrix (`matrix_markdown`) read it for free.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
-import torch
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
-from tunebench.errors import UserError
+from tunebench.errors import UserError, require
 
-MicroFn = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
-
-
-@dataclass
-class TrainStep:
-    micro: MicroFn  # (input ids, labels, sync grads?) -> this micro-batch's loss / grad_accum, detached
-    update: Callable[[], None]  # clip, optimizer step, zero grads (a no-op where micro does it all)
+METHODS = ("full", "lora", "qlora")
 
 
-# method x strategy: what works, and why the rest is refused (README has the same matrix).
-UNSUPPORTED: dict[tuple[str, str], str] = {
-    ("qlora", "fsdp"): "QLoRA with FSDP2 needs 4-bit weights stored as bf16 (quant_storage) sharded by FSDP, "
-                       "not built yet; use ddp or single",
-    ("qlora", "zero2"): "bitsandbytes 4-bit layers are not partitioned or cast by DeepSpeed; use ddp or single",
-    ("qlora", "zero3"): "QLoRA with ZeRO-3 needs bf16 quant storage support, not built yet; use ddp or single",
-}
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    summary: str
+    module: str  # tunebench.strategies.<module>.apply wraps the model
+    options: Mapping[str, Any] = field(default_factory=dict)  # passed to apply
+    one_process: bool = False  # exactly one process (no torch.distributed)
+    refuses: Mapping[str, str] = field(default_factory=dict)  # method -> why it is refused
+    fused_head: bool = True  # the fused head + loss works (ZeRO-3 gathers the head's weight only in its forward)
+    deepspeed: bool = False  # runs through DeepSpeed: needs the package, shards the optimizer itself
+
+    def check(self, cfg: RunConfig, world_size: int) -> None:
+        """Refuse (UserError, one line) what this strategy cannot run, before anything is built."""
+        reason = self.refuses.get(cfg.method)
+        if reason:
+            raise UserError(f"invalid strategy={self.name} with method={cfg.method}: {reason}")
+        if self.one_process and world_size > 1:
+            others = [s for s, st in STRATEGIES.items() if not st.one_process]
+            others = ", ".join(others[:-1]) + " or " + others[-1]
+            raise UserError(f"invalid strategy={self.name} with {world_size} processes: use {others}")
+        if self.deepspeed and cfg.optimizer in BNB_OPTIMIZERS:
+            raise UserError(f"invalid optimizer={cfg.optimizer} with strategy={self.name}: DeepSpeed shards the "
+                            "optimizer itself; use adamw or adamw_fused")
+        if self.deepspeed:
+            require("deepspeed", f"strategy={self.name}", "pip install --no-build-isolation deepspeed")
+
+    def wrap(self, module: Any, blocks: Any, cfg: RunConfig, device: Any, world_size: int) -> Any:
+        """Wrap `module` (the model with its loss) and build its optimizer: an engine.step.TrainStep."""
+        apply = importlib.import_module(f"{__name__}.{self.module}").apply
+        return apply(module, blocks, cfg, device, world_size, **self.options)
 
 
-def check_strategy(cfg: RunConfig, world_size: int) -> None:
-    reason = UNSUPPORTED.get((cfg.method, cfg.strategy))
-    if reason:
-        raise UserError(f"invalid strategy={cfg.strategy} with method={cfg.method}: {reason}")
-    if cfg.strategy == "single" and world_size > 1:
-        raise UserError(f"invalid strategy=single with {world_size} processes: use ddp, fsdp, zero2 or zero3")
-    if cfg.strategy in ("zero2", "zero3") and cfg.optimizer in BNB_OPTIMIZERS:
-        raise UserError(f"invalid optimizer={cfg.optimizer} with strategy={cfg.strategy}: DeepSpeed shards the "
-                        "optimizer itself; use adamw or adamw_fused")
-    if cfg.strategy in ("zero2", "zero3"):
-        try:
-            import deepspeed  # noqa: F401
-        except Exception:
-            raise UserError(f"strategy={cfg.strategy} needs the 'deepspeed' package, which is not installed "
-                            "(pip install --no-build-isolation deepspeed)") from None
+_QLORA_DS = "bitsandbytes 4-bit layers are not partitioned or cast by DeepSpeed; use ddp or single"
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("single", "one process, no wrapping", "single", one_process=True),
+    Strategy("ddp", "PyTorch DDP: full replicas, gradients all-reduced in buckets", "ddp"),
+    Strategy("fsdp", "FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded", "fsdp",
+             refuses={"qlora": "QLoRA with FSDP2 needs 4-bit weights stored as bf16 (quant_storage) sharded by "
+                               "FSDP, not built yet; use ddp or single"}),
+    Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero", {"stage": 2},
+             refuses={"qlora": _QLORA_DS}, deepspeed=True),
+    Strategy("zero3", "DeepSpeed ZeRO-3: parameters sharded too", "zero", {"stage": 3},
+             refuses={"qlora": "QLoRA with ZeRO-3 needs bf16 quant storage support, not built yet; use ddp or "
+                               "single"}, fused_head=False, deepspeed=True),
+)}
 
 
-def apply_strategy(module, blocks, cfg: RunConfig, device: torch.device, world_size: int) -> TrainStep:
-    """Wrap `module` (the model with its loss) for cfg.strategy and build its optimizer."""
-    if cfg.strategy == "single":
-        from tunebench.strategies.single import apply_single
+def get(name: str) -> Strategy:
+    return STRATEGIES[name]
 
-        return apply_single(module, cfg, device)
-    if cfg.strategy == "ddp":
-        from tunebench.strategies.ddp import apply_ddp
 
-        return apply_ddp(module, cfg, device)
-    if cfg.strategy == "fsdp":
-        from tunebench.strategies.fsdp import apply_fsdp
+def check_strategy(cfg: RunConfig, world_size: int) -> Strategy:
+    strategy = STRATEGIES[cfg.strategy]
+    strategy.check(cfg, world_size)
+    return strategy
 
-        return apply_fsdp(module, blocks, cfg, device, world_size)
-    from tunebench.strategies.zero import apply_zero
 
-    return apply_zero(module, cfg, device, world_size, stage=2 if cfg.strategy == "zero2" else 3)
+def matrix_markdown() -> str:
+    """The README's method x strategy table, from the registry."""
+    names = list(STRATEGIES)
+    head = {"fsdp": "fsdp (FSDP2)"}
+    lines = ["| method \\ strategy | " + " | ".join(head.get(n, n) for n in names) + " |",
+             "|---" * (len(names) + 1) + "|"]
+    for method in METHODS:
+        cells = [f"refused: {STRATEGIES[n].refuses[method].split('; ')[0]}" if method in STRATEGIES[n].refuses
+                 else "yes" for n in names]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -7,12 +7,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tunebench.config import RunConfig
-from tunebench.engine.loop import torch_step
 from tunebench.engine.optim import build_optimizer
-from tunebench.strategies import TrainStep
+from tunebench.engine.step import TrainStep, torch_step
 
 
-def apply_ddp(module: nn.Module, cfg: RunConfig, device: torch.device) -> TrainStep:
+def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device, world_size: int) -> TrainStep:
     # init_sync=False: every rank built identical weights from the same seed (or the same files), so
     # the start-up broadcast is not needed, and it would not carry bitsandbytes' 4-bit quant state.
     ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -11,14 +11,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from tunebench.config import RunConfig
-from tunebench.engine.loop import torch_step
 from tunebench.engine.optim import build_optimizer
-from tunebench.strategies import TrainStep
+from tunebench.engine.step import TrainStep, torch_step
 
 COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def apply_fsdp(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device,
+def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device,
                world_size: int) -> TrainStep:
     mesh = init_device_mesh(device.type, (world_size,))
     mp = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=torch.float32)

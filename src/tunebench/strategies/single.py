@@ -6,11 +6,10 @@ import torch
 from torch import nn
 
 from tunebench.config import RunConfig
-from tunebench.engine.loop import torch_step
 from tunebench.engine.optim import build_optimizer
-from tunebench.strategies import TrainStep
+from tunebench.engine.step import TrainStep, torch_step
 
 
-def apply_single(module: nn.Module, cfg: RunConfig, device: torch.device) -> TrainStep:
+def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device, world_size: int) -> TrainStep:
     params = [p for p in module.parameters() if p.requires_grad]
     return torch_step(module, params, build_optimizer(params, cfg), cfg, device)

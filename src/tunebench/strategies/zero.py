@@ -11,7 +11,7 @@ from torch import nn
 
 from tunebench.config import RunConfig
 from tunebench.engine.optim import build_optimizer
-from tunebench.strategies import TrainStep
+from tunebench.engine.step import TrainStep
 
 
 def ds_config(cfg: RunConfig, stage: int, world_size: int) -> dict:
@@ -35,7 +35,8 @@ def ds_config(cfg: RunConfig, stage: int, world_size: int) -> dict:
     }
 
 
-def apply_zero(module: nn.Module, cfg: RunConfig, device: torch.device, world_size: int, stage: int) -> TrainStep:
+def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device, world_size: int,
+          stage: int) -> TrainStep:
     import deepspeed
 
     params = [p for p in module.parameters() if p.requires_grad]

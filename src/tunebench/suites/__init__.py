@@ -93,3 +93,19 @@ def expand(suite: dict[str, Any], sets: dict[str, Any] | None = None) -> list[En
                 seen.add(cfg.config_hash())
                 entries.append(Entry(label, cfg))
     return entries
+
+
+def definition(name: str, entries: list[Entry], repeats: int) -> dict[str, Any]:
+    """A sweep as the store keeps it: every configuration in full, so it can be resumed as it was."""
+    return {"name": name, "repeats": repeats,
+            "entries": [{"name": e.name, "config": e.config.model_dump()} for e in entries]}
+
+
+def from_definition(d: dict[str, Any]) -> tuple[str, list[Entry], int]:
+    """(name, entries, repeats) of a stored sweep definition."""
+    return d["name"], [Entry(e["name"], RunConfig.model_validate(e["config"])) for e in d["entries"]], d["repeats"]
+
+
+def names_by_hash(d: dict[str, Any]) -> dict[str, str]:
+    """Each configuration's name in a stored sweep, by config hash (reports label runs with them)."""
+    return {e.config.config_hash(): e.name for e in from_definition(d)[1]}

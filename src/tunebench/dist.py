@@ -1,8 +1,10 @@
-"""The process's place in a distributed run, read from the variables torchrun sets."""
+"""The process's place in a distributed run, read from the variables torchrun sets, and its process group."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -69,3 +71,14 @@ def init_process_group(ctx: DistContext, device: torch.device, timeout_s: float)
 def destroy() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def rank_session(ctx: DistContext, device: torch.device, timeout_s: float) -> Iterator[DistContext]:
+    """This rank's device and process group for the block. The group is destroyed only after a clean
+    exit: after a failure torchrun ends the rank, and a teardown could wait on peers that are gone."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    init_process_group(ctx, device, timeout_s)
+    yield ctx
+    destroy()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from tunebench.config import RunConfig
 
@@ -41,3 +41,30 @@ def run_progress(cfg: RunConfig, label: str = "") -> Iterator[ProgressFn]:
                         loss="" if loss is None else f"loss {loss:.4f}")
 
         yield bar
+
+
+@contextlib.contextmanager
+def sweep_progress(total: int, name: Callable, summary: Callable) -> Iterator[tuple[Callable, Callable]]:
+    """(on_start, on_done) callbacks for a sweep: a live bar on a terminal, a line per attempt otherwise.
+
+    `name(attempt)` names an attempt, `summary(record)` says how it ended.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        def start(i, a):
+            print(f"[{i + 1}/{total}] {name(a)} ...", file=sys.stderr, flush=True)
+
+        def done(i, a, rec):
+            print(f"[{i + 1}/{total}] {name(a)}: {summary(rec)}", file=sys.stderr, flush=True)
+
+        yield start, done
+        return
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), TextColumn("{task.fields[last]}"))
+    with Progress(*cols, console=console) as prog:
+        task = prog.add_task("sweep", total=total, last="")
+        yield (lambda i, a: prog.update(task, description=f"[{i + 1}/{total}] {name(a)}"),
+               lambda i, a, rec: prog.update(task, advance=1, last=f"last: {summary(rec)}"))

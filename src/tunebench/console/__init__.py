@@ -1,0 +1,37 @@
+"""The terminal: document tables rendered with rich, on stdout or stderr.
+
+Only presentation lives here; what a table says is built in tunebench.report (views, analysis).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from tunebench.document import Table
+
+
+def rich_table(table: Table):
+    from rich.table import Table as RichTable
+
+    t = RichTable(title=table.title or None, show_header=table.show_header, title_justify="left")
+    for i, h in enumerate(table.header):
+        t.add_column(h, style="bold" if not table.show_header and i == 0 else None)
+    for row in table.rows:
+        t.add_row(*row)
+    return t
+
+
+def print_table(table: Table, file: TextIO | None = None) -> None:
+    """Print a table; piped output is not squeezed into 80 columns."""
+    from rich.console import Console
+
+    console = Console(file=file)
+    if not console.is_terminal:
+        console.width = 200
+    console.print(rich_table(table))
+
+
+def say(line: str) -> None:
+    """A status line for the user, on stderr (stdout carries results)."""
+    print(line, file=sys.stderr, flush=True)

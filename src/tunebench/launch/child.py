@@ -1,0 +1,29 @@
+"""The child of an isolated launch: ``python -m tunebench.launch.child RUNDIR``.
+
+Reads the config from RUNDIR/job.json, runs it here or under torchrun, writes RUNDIR/result.json.
+Progress goes to stderr, which the parent keeps the tail of.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+
+def main(path: Path) -> int:
+    from tunebench.config import RunConfig
+    from tunebench.launch import launcher_for
+    from tunebench.launch.rundir import RunDir
+
+    rundir = RunDir(path)
+    cfg = RunConfig.model_validate(rundir.job()["config"])
+    rec = launcher_for(cfg).launch(cfg)
+    if rec is not None:
+        rundir.write_result(rec.model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.redirect_stdout(sys.stderr):
+        sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,61 @@
+"""One way to write a figure and one way to name a run, for every table, report and file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunebench.record import ResultRecord, StepTimes
+from tunebench.units import GIB
+
+
+def fmt(v: float | int | None, spec: str = ",.1f", scale: float = 1.0, unit: str = "") -> str:
+    """A number for a table: '-' when it was not measured."""
+    return "-" if v is None else f"{v / scale:{spec}}{unit}"
+
+
+def gib(v: float | int | None, spec: str = ".2f", unit: str = " GiB") -> str:
+    return fmt(v, spec, GIB, unit)
+
+
+def pct(v: float | None, spec: str = ".1%") -> str:
+    return "-" if v is None else f"{v:{spec}}"
+
+
+def step_times(st: StepTimes | None) -> str:
+    """p50 / p90 / p99 in milliseconds."""
+    return "-" if not st else f"{st.p50 * 1e3:.1f} / {st.p90 * 1e3:.1f} / {st.p99 * 1e3:.1f} ms"
+
+
+def p50_ms(st: StepTimes | None) -> str:
+    return "-" if not st else f"{st.p50 * 1e3:.1f}"
+
+
+def first_line(text: str | None, limit: int = 80, last: bool = False) -> str:
+    lines = (text or "").strip().splitlines()
+    return (lines[-1] if last else lines[0])[:limit] if lines else ""
+
+
+def error_cell(rec: ResultRecord, limit: int = 80, last: bool = False) -> str:
+    """The error of a failed run, shortened for a table cell ('' when it is ok)."""
+    return first_line(rec.error, limit, last) if rec.status != "ok" else ""
+
+
+def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None = None) -> str:
+    """A run's name from its config: model, method, strategy, world size, batch x accumulation, sequence."""
+    if kind == "infer":
+        return (f"infer {c['model']} {c['precision']} b{c['batch_size']} p{c['prompt_len']}+{c['new_tokens']} "
+                f"{c['kv_cache']}" + (" compile" if c.get("compile") else ""))
+    if kind == "load":
+        return f"load {c['model']} {c['precision']}"
+    if kind == "hw":
+        return "hw " + ",".join(c.get("sections", []))
+    world = f" x{world_size}" if world_size else ""
+    return (f"{c['model']} {c['method']} {c.get('strategy', 'single')}{world} "
+            f"b{c['batch_size']}x{c.get('grad_accum', 1)} s{c['seq_len']}")
+
+
+def label(rec: ResultRecord, names: dict[str, str] | None = None) -> str:
+    """The one label of a run: its sweep entry's name when it has one, else its configuration."""
+    if names and rec.config_hash in names:
+        return names[rec.config_hash]
+    return config_label(rec.config, rec.kind, getattr(rec.metrics, "world_size", None))

@@ -1,0 +1,66 @@
+"""The Python API is the CLI's equal: distributed runs, scaling, sweeps and the one save site."""
+
+import json
+
+import pytest
+
+from tunebench import RunConfig, Store, run
+from tunebench.api import finalize, plan_sweep, register, run_scaling, run_sweep, sweep_records
+from tunebench.api import pending as pending_attempts
+
+TINY = dict(model="tiny-llama", device="cpu", seq_len=32, batch_size=1, steps=3, warmup=1)
+
+
+def test_distributed_run_from_python(tmp_path):
+    store = tmp_path / "r.db"
+    rec = run(RunConfig(strategy="ddp", nproc_per_node=2, method="lora", **TINY), store=store)
+    assert rec.status == "ok", rec.error
+    assert rec.metrics.world_size == 2 and len(rec.metrics.per_rank) == 2
+    assert rec.metrics.timed_tokens == 2 * 2 * 32
+    with Store(store) as s:
+        assert [r.id for r in s.records()] == [rec.id]  # saved once, by the caller's process
+
+
+def test_run_without_store_saves_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rec = run(RunConfig(**TINY))
+    assert rec.status == "ok" and not list(tmp_path.iterdir())
+
+
+def test_scaling_from_python(tmp_path):
+    recs = run_scaling(RunConfig(strategy="ddp", **TINY), [1, 2], tmp_path / "r.db")
+    assert [r.metrics.world_size for r in recs] == [1, 2]
+    assert recs[0].metrics.scaling.efficiency == 1.0 and recs[1].metrics.scaling.baseline_id == recs[0].id
+
+
+def test_sweep_from_python(tmp_path):
+    suite = tmp_path / "s.yaml"
+    suite.write_text(json.dumps({"name": "py", "base": TINY, "axes": {"method": ["full", "lora"]}}))
+    store = tmp_path / "r.db"
+    plan = plan_sweep(str(suite))
+    register(store, plan)
+    run_sweep(plan, store, pending_attempts(store, plan), timeout=300)
+    records, complete = sweep_records(store, plan)
+    assert complete and sorted(r.config["method"] for r in records) == ["full", "lora"]
+    assert {r.sweep_id for r in records} == {plan.id}
+
+
+def test_unsaveable_result_is_kept_beside_the_store(tmp_path, capsys):
+    from tunebench.record import ResultRecord
+
+    bad = tmp_path / "not-a-db"
+    bad.write_text("this is not sqlite")
+    rec = ResultRecord(config={"model": "m"}, config_hash="h", environment={"device": "cpu"}, status="ok")
+    finalize(rec, bad)
+    kept = tmp_path / f"tunebench-unsaved-{rec.id}.json"
+    assert ResultRecord.model_validate_json(kept.read_text()).id == rec.id
+    assert rec.id in capsys.readouterr().err
+
+
+def test_bad_store_is_refused_before_any_work(tmp_path):
+    from tunebench.errors import UserError
+
+    bad = tmp_path / "x.db"
+    bad.write_text("garbage that is not a database, long enough to have a header" * 10)
+    with pytest.raises(UserError, match="not a tunebench results database"):
+        run(RunConfig(**TINY), store=bad)

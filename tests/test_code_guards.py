@@ -1,0 +1,136 @@
+"""The code's shape is checked like its behaviour: layers, no import cycles, lint, sizes, one save site."""
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "tunebench"
+PARSERS = {"build_parser"}  # argument parsers may be long: one line per flag
+
+
+def _tool(name: str) -> str:
+    return shutil.which(name, path=str(Path(sys.executable).parent)) or name
+
+
+def test_import_contracts():
+    p = subprocess.run([_tool("lint-imports")], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert "0 broken" in p.stdout
+
+
+def test_ruff():
+    p = subprocess.run([_tool("ruff"), "check", "src", "tests", "benchmarks"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stdout[-4000:]
+
+
+def _cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), deferred imports included."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for m in sorted(graph.modules):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_import_cycles():
+    graph = grimp.build_graph("tunebench")  # imports inside functions count too
+    assert _cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    class Fake:
+        modules = {"a", "b", "c"}
+
+        @staticmethod
+        def find_modules_directly_imported_by(m):
+            return {"a": {"b"}, "b": {"a"}, "c": set()}[m]
+
+    assert _cycles(Fake()) == [["a", "b"]]
+
+
+def _py_files():
+    return sorted(SRC.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _py_files(), ids=lambda p: str(p.relative_to(SRC)))
+def test_module_and_function_sizes(path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= 400, f"{path.name} has {len(text.splitlines())} lines (at most 400)"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in PARSERS:
+            n = node.end_lineno - node.lineno + 1
+            assert n <= 60, f"{path.name}: {node.name} has {n} lines (at most 60)"
+
+
+def test_results_are_saved_in_one_place():
+    """Only tunebench.api.records calls Store.save: every new result goes through api.finalize."""
+    callers = set()
+    for path in _py_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "save":
+                callers.add(str(path.relative_to(SRC)))
+    assert callers == {"api/records.py"}
+
+
+def test_readme_matrix_is_the_registry():
+    from tunebench.strategies import matrix_markdown
+
+    assert matrix_markdown() in (ROOT / "README.md").read_text(), \
+        "the README's method x strategy table differs from the registry; paste tunebench.strategies.matrix_markdown()"
+
+
+def test_registry_names_are_the_config_choices():
+    from typing import get_args
+
+    from tunebench.config import Strategy
+    from tunebench.strategies import STRATEGIES
+
+    assert list(STRATEGIES) == list(get_args(Strategy))
+
+
+def test_repository_stands_alone():
+    """No reference to design documents that live outside the repository."""
+    for path in [*ROOT.joinpath("src").rglob("*.py"), *ROOT.joinpath("tests").rglob("*.py"),
+                 *ROOT.joinpath("docs").rglob("*.md"), ROOT / "README.md"]:
+        if path.name != "test_code_guards.py":
+            assert "DESIGN.md" not in path.read_text(), path
+
+
+def test_config_hashes_are_stable():
+    """Stored sweeps are resumed by config hash: the identity of a configuration must not drift."""
+    from tunebench.config import HwConfig, InferConfig, RunConfig
+
+    assert RunConfig().config_hash() == "57b72d7b11341487"
+    assert RunConfig(model="mistral-7b", method="qlora", tag=["x"], timeout=5).config_hash() == "1a582c79576e3ced"
+    assert HwConfig().config_hash() == "c3ea5bbf8701507f"
+    assert InferConfig().record_config(precision="bf16", batch_size=1)[1] == "fc311c3578eb796f"
