@@ -130,7 +130,8 @@ def test_config_hashes_are_stable():
     """Stored sweeps are resumed by config hash: the identity of a configuration must not drift."""
     from tunebench.config import HwConfig, InferConfig, RunConfig
 
-    assert RunConfig().config_hash() == "57b72d7b11341487"
-    assert RunConfig(model="mistral-7b", method="qlora", tag=["x"], timeout=5).config_hash() == "1a582c79576e3ced"
+    assert RunConfig(precision="bf16").config_hash() == "57b72d7b11341487"
+    assert RunConfig(model="mistral-7b", method="qlora", tag=["x"], timeout=5, run_timeout=9,
+                     precision="bf16").config_hash() == "1a582c79576e3ced"
     assert HwConfig().config_hash() == "c3ea5bbf8701507f"
     assert InferConfig().record_config(precision="bf16", batch_size=1)[1] == "fc311c3578eb796f"

@@ -4,60 +4,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
-import types
+import traceback
 from collections.abc import Sequence
-from typing import NoReturn, Union, get_args, get_origin
 
-from pydantic import BaseModel
-
-from tunebench.config import HwConfig, InferConfig, LoadConfig, RunConfig
+from tunebench import __version__
+from tunebench.config import HwConfig, InferConfig, LoadConfig
 from tunebench.errors import UserError
+from tunebench.flags import Parser, add_config_flags, add_run_options
+from tunebench.flags import add_store as _store_arg
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line and exit 2, no usage dump
-        raise UserError(message)
-
-
-def _is_list(annotation: object) -> bool:
-    if get_origin(annotation) in (Union, types.UnionType):
-        return any(_is_list(a) for a in get_args(annotation))
-    return get_origin(annotation) is list
-
-
-def _add_config_flags(p: argparse.ArgumentParser, cls: type[BaseModel] = RunConfig) -> None:
-    """One flag per config field, same name with dashes; None means 'not given' so YAML keeps its value."""
-    for name, field in cls.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        help_ = field.description or ""
-        if field.annotation is bool:
-            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
-        elif _is_list(field.annotation):
-            p.add_argument(flag, dest=name, action="append", default=None, help=help_ + " (repeatable)")
-        else:
-            p.add_argument(flag, dest=name, default=None, help=f"{help_} (default {field.default})".strip())
-
-
-def _store_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", default=None, help="results database (default $TUNEBENCH_STORE or "
-                                                  "./tunebench-results/results.db)")
+INTERNAL_ERROR = 3  # a bug or an environment failure: not bad input (2), not a failed run or regression (1)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tunebench", description="Benchmark and run LLM fine-tuning.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="tunebench", description="Benchmark and run LLM fine-tuning.")
+    parser.add_argument("--version", action="version", version=f"tunebench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    run = sub.add_parser("run", help="run one training benchmark and store its record")
-    run.add_argument("config", nargs="?", help="YAML run config; flags override its keys")
-    _add_config_flags(run)
-    run.add_argument("--gpus", help="scaling: run the same per-GPU config at each of these world sizes "
-                                    "(e.g. 1,2,4; processes on CPU) and report speedup and efficiency")
-    run.add_argument("--json", action="store_true", help="print the record as JSON on stdout")
-    run.add_argument("--no-store", action="store_true", help="do not write the record to the store")
-    run.add_argument("--print-result", action="store_true", help="also print the record between markers "
-                                                                 "(for logs: tunebench collect reads them)")
-    _store_arg(run)
+    add_run_options(sub.add_parser("run", help="run one training benchmark and store its record"))
 
     sw = sub.add_parser("sweep", help="run a suite of configurations, each in its own process, resumably")
     sw.add_argument("suite", nargs="?", help="suite YAML file or built-in name (quick, full, diagnostic, scaling, "
@@ -75,15 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     con = sub.add_parser("consistency", help="the same config on each local GPU in turn (or stored runs from "
                                              "several nodes): spread against ±5%% throughput, ±2%% memory")
     con.add_argument("config", nargs="?", help="YAML run config; flags override its keys")
-    _add_config_flags(con)
+    add_config_flags(con)
     con.add_argument("--sweep", help="compare the stored ok runs of this sweep instead of running")
     con.add_argument("--with-tag", dest="with_tag", help="compare the stored ok runs with this tag instead of running")
-    con.add_argument("--run-timeout", type=float, default=3600.0)
     _store_arg(con)
 
     dep = sub.add_parser("deploy", help="Kubernetes manifests or a Slurm script running tunebench: "
                                         "tunebench deploy k8s|slurm [options] -- run <args>")
-    dsub = dep.add_subparsers(dest="target", required=True, parser_class=_Parser)
+    dsub = dep.add_subparsers(dest="target", required=True, parser_class=Parser)
     k8s = dsub.add_parser("k8s", help="JobSet (default), Indexed Job + headless Service, or Kubeflow TrainJob")
     k8s.add_argument("--name", required=True)
     k8s.add_argument("--image", required=True)
@@ -120,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--job-samples", type=int, default=10_000, help="job size for time and cost (default 10,000)")
     rep.add_argument("--title", help="report title")
     rep.add_argument("--publish", action="store_true", help="also one Markdown file per configuration (publish/)")
+    rep.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a tunebench "
+                                                          "report (its other files are left alone)")
     _store_arg(rep)
 
     cost = sub.add_parser("cost", help="cost of one stored result for a job of N samples")
@@ -142,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "size and precision")):
         b = sub.add_parser(name, help=help_)
         b.add_argument("config", nargs="?", help="YAML config; flags override its keys")
-        _add_config_flags(b, cls)
+        add_config_flags(b, cls)
         b.add_argument("--json", action="store_true", help="print the records as JSON on stdout")
         b.add_argument("--no-store", action="store_true", help="do not write the records to the store")
         _store_arg(b)
@@ -153,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(quick)
 
     res = sub.add_parser("results", help="list, show or export stored results")
-    rsub = res.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    rsub = res.add_subparsers(dest="action", required=True, parser_class=Parser)
     ls = rsub.add_parser("list", help="one line per stored result")
     ls.add_argument("--kind")
     ls.add_argument("--sweep")
@@ -198,6 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tunebench: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # not bad input: say what broke in one line (the traceback on request)
+        if os.environ.get("TUNEBENCH_DEBUG"):
+            traceback.print_exc()
+        what = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"tunebench: internal error: {type(err).__name__}: {what} (TUNEBENCH_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return INTERNAL_ERROR
 
 
 if __name__ == "__main__":

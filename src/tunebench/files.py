@@ -33,8 +33,3 @@ def write_text(path: str | Path, text: str) -> Path:
         tmp.write_text(text)
     return Path(path)
 
-
-def write_bytes(path: str | Path, data: bytes) -> Path:
-    with written_aside(path) as tmp:
-        tmp.write_bytes(data)
-    return Path(path)

@@ -22,6 +22,7 @@ class Plan:
     spec: Any = None  # models.ModelSpec where the command builds a model
     world_size: int = 1
     strategy: Any = None  # strategies.Strategy for training
+    requested: Any = None  # the config as given, where `cfg` made its 'auto' choices for the device
 
 
 def resolve_device(choice: str, local_rank: int = 0) -> torch.device:

@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
 # 2: kinds hw, load and infer, each with its own metrics (version 1 records, all kind train, read as before)
 SCHEMA_VERSION = 2
@@ -40,14 +40,14 @@ class GpuTelemetry(Figures):
     interval_s: float
     wall_s: float
     gpu_util_mean_pct: float
-    gpu_util_min_pct: float
+    gpu_util_min_pct: int
     power_mean_w: float
     power_max_w: float
     energy_j: float
     energy_source: str  # "counter" (the GPU's energy counter) or "power x time"
-    temperature_max_c: float
+    temperature_max_c: int
     sm_clock_mean_mhz: float
-    sm_clock_min_mhz: float
+    sm_clock_min_mhz: int
     throttle_reasons: list[str] = Field(default_factory=list)
 
 
@@ -58,8 +58,8 @@ class RunTelemetry(Figures):
     energy_j: float
     power_mean_w: float
     gpu_util_mean_pct: float
-    temperature_max_c: float
-    sm_clock_min_mhz: float
+    temperature_max_c: int
+    sm_clock_min_mhz: int
     sm_clock_mean_mhz: float
     throttle_reasons: list[str] = Field(default_factory=list)
     energy_source: str
@@ -127,6 +127,7 @@ class TrainMetrics(BaseModel):
     loss_last: float | None = None
     losses: list[float] = Field(default_factory=list)
     weights: str | None = None  # 'random' or 'safetensors'
+    precision: str | None = None  # what ran: the config's precision, with 'auto' made concrete for the device
     step_time_skew: float | None = None  # slowest rank's mean step time / fastest rank's - 1
     per_rank: list[RankFigures] | None = None  # each rank's own figures (distributed runs)
     scaling: Scaling | None = None  # speedup and efficiency against the scaling series' first ok run
@@ -232,6 +233,11 @@ class ResultRecord(BaseModel):
     config_hash: str
     environment: dict[str, Any]
     metrics: AnyMetrics = Field(default_factory=TrainMetrics)
+    _saved_to: str | None = PrivateAttr(None)  # the store it was saved to in this process (never serialized)
+
+    @property
+    def saved_to(self) -> str | None:
+        return self._saved_to
 
     @classmethod
     def for_config(cls, cfg: Any, environment: dict[str, Any], **fields: Any) -> ResultRecord:

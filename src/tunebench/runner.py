@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
+from tunebench.console.progress import ProgressFn
 from tunebench.dist import SINGLE, DistContext
 from tunebench.engine.data import SyntheticTokens
 from tunebench.engine.loop import LoopResult, run_loop
@@ -37,15 +38,14 @@ from tunebench.record import RankFigures, ResultRecord
 from tunebench.status import failure
 from tunebench.strategies import check_strategy
 
-ProgressFn = Callable[[int, float | None], None]
-
 
 def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     """Every check that needs no weights. Raises UserError with one line naming the problem."""
     spec = resolve_model(cfg.model)
+    requested, device = cfg, resolve_device(cfg.device, local_rank)
+    cfg = cfg.resolved(device.type)
     if spec.max_positions and cfg.seq_len > spec.max_positions:
         raise invalid("seq_len", cfg.seq_len, f"above the model's maximum of {spec.max_positions} positions")
-    device = resolve_device(cfg.device, local_rank)
     if device.type == "cpu" and cfg.precision == "fp16":
         raise invalid("precision", "fp16", "fp16 training is not supported on the CPU (use bf16 or fp32)")
     if device.type == "cpu" and cfg.attn == "flash":
@@ -63,7 +63,7 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
         require("flash_attn", "attn=flash")
     if cfg.method != "full":
         check_targets(load_meta_model(spec, cfg), cfg.lora_targets)  # meta: no memory, no weights
-    return Plan(cfg, device, spec, world, strategy)
+    return Plan(cfg, device, spec, world, strategy, requested)
 
 
 @dataclass
@@ -115,7 +115,7 @@ def execute(plan: Plan, progress: ProgressFn | None = None, started: float | Non
     cfg, device = plan.cfg, plan.device
     started = time.perf_counter() if started is None else started
     env = environment(device)
-    rec = ResultRecord.for_config(cfg, env)
+    rec = ResultRecord.for_config(plan.requested or cfg, env)
     out = _Outcome()
     torch.manual_seed(cfg.seed)
     reset_peak(device)
@@ -134,6 +134,6 @@ def execute(plan: Plan, progress: ProgressFn | None = None, started: float | Non
     rec.metrics = combine_ranks(ctx.gather(mine), out.loop.losses, out.flops, peak)
     rec.metrics.setup_s, rec.metrics.weights = out.setup_s, out.weights
     rec.metrics.params_total, rec.metrics.params_trainable = out.params_total, out.params_trainable
-    rec.metrics.nnodes = ctx.nnodes
+    rec.metrics.nnodes, rec.metrics.precision = ctx.nnodes, cfg.precision
     release(device)
     return rec

@@ -1,19 +1,23 @@
 """Results store: one SQLite file, WAL mode, one row per run, each row written in one transaction.
 
 A process killed at any moment leaves either the whole row or none: SQLite's journal guarantees it,
-and the record is inserted as a single statement in its own transaction.
+and the record is inserted as a single statement in its own transaction. Reading is row by row: a
+row this version cannot read (a newer schema, a damaged record) is skipped and counted, never fatal.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from tunebench.errors import UserError
-from tunebench.record import ResultRecord
+from tunebench.record import SCHEMA_VERSION, ResultRecord
 
 DEFAULT_STORE = Path("tunebench-results") / "results.db"
 
@@ -39,6 +43,12 @@ CREATE TABLE IF NOT EXISTS sweeps (
     definition TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS results_hash ON results (config_hash);
+CREATE TABLE IF NOT EXISTS locks (
+    name TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    since TEXT NOT NULL
+);
 """
 
 
@@ -46,27 +56,44 @@ def default_store_path() -> Path:
     return Path(os.environ.get("TUNEBENCH_STORE") or DEFAULT_STORE)
 
 
+def _refuse_special(path: Path) -> None:
+    if str(path) == ":memory:" or str(path).startswith("file:"):
+        raise UserError(f"invalid store={path}: give a file path (an in-memory store would lose every result)")
+
+
 def check_store(path: str | Path) -> None:
-    """Open (creating it if needed) and read the store now, so that a bad path fails before any work."""
-    try:
-        with Store(path) as s:
-            s.count()
-    except sqlite3.DatabaseError as err:
-        raise UserError(f"invalid store={path}: not a tunebench results database ({err})") from None
-    except OSError as err:
-        raise UserError(f"invalid store={path}: cannot be opened ({err.strerror or err})") from None
+    """Open (creating it if needed) and write-lock the store now, so that a bad path fails before any work."""
+    with Store(path) as s:
+        try:
+            s.conn.execute("BEGIN IMMEDIATE")  # needs write access: a read-only file fails here, not at the end
+            s.conn.execute("ROLLBACK")
+        except sqlite3.OperationalError as err:
+            raise UserError(f"invalid store={path}: cannot be written ({err})") from None
 
 
 class Store:
-    def __init__(self, path: str | Path | None = None):
+    """`create=False` opens only an existing store (for commands that only read)."""
+
+    def __init__(self, path: str | Path | None = None, create: bool = True):
         self.path = Path(path) if path else default_store_path()
-        if self.path.exists() and self.path.is_dir():
+        self.skipped: list[str] = []  # why each unreadable row was skipped, for the caller to report
+        _refuse_special(self.path)
+        if self.path.is_dir():
             raise UserError(f"invalid store={str(self.path)!r}: is a directory, expected a database file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path, timeout=60)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")  # a finished result survives a power cut too
-        self.conn.executescript(SCHEMA)
+        if not create and not self.path.is_file():
+            raise UserError(f"no results store at {self.path} (give --store PATH or set TUNEBENCH_STORE)")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.conn = sqlite3.connect(self.path, timeout=60)
+        except (OSError, sqlite3.Error) as err:
+            raise UserError(f"invalid store={self.path}: cannot be opened ({err})") from None
+        try:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=FULL")  # a finished result survives a power cut too
+            self.conn.executescript(SCHEMA)
+        except sqlite3.DatabaseError as err:
+            self.conn.close()
+            raise UserError(f"invalid store={self.path}: not a tunebench results database ({err})") from None
 
     def close(self) -> None:
         self.conn.close()
@@ -86,27 +113,41 @@ class Store:
                 " config_hash, sweep_id, record) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (rec.id, rec.created_at, rec.kind, rec.status, cfg.get("model"), cfg.get("method"),
                  rec.environment.get("device"), getattr(rec.metrics, "tokens_per_s", None), rec.config_hash,
-                 rec.sweep_id,
-                 rec.model_dump_json()),
+                 rec.sweep_id, rec.model_dump_json()),
             )
         return cur.rowcount == 1
 
     def records(self, kind: str | None = None, sweep_id: str | None = None) -> Iterator[ResultRecord]:
-        sql, args = "SELECT record FROM results WHERE 1=1", []
+        """Every readable record (oldest first); unreadable rows are skipped and noted in `skipped`."""
+        sql, args = "SELECT id, record FROM results WHERE 1=1", []
         if kind:
             sql, args = sql + " AND kind = ?", args + [kind]
         if sweep_id:
             sql, args = sql + " AND sweep_id = ?", args + [sweep_id]
-        for (raw,) in self.conn.execute(sql + " ORDER BY created_at, rowid", args):
-            yield ResultRecord.model_validate(json.loads(raw))
+        for rid, raw in self.conn.execute(sql + " ORDER BY created_at, rowid", args).fetchall():
+            rec = self._read(rid, raw)
+            if rec is not None:
+                yield rec
+
+    def _read(self, rid: str, raw: str) -> ResultRecord | None:
+        try:
+            return ResultRecord.model_validate_json(raw)
+        except (ValidationError, ValueError) as err:
+            self.skipped.append(f"{rid[:12]}: {unreadable_reason(raw, err)}")
+            return None
 
     def get(self, id_prefix: str) -> ResultRecord:
-        rows = self.conn.execute("SELECT record FROM results WHERE id LIKE ? || '%' LIMIT 2", (id_prefix,)).fetchall()
+        pattern = id_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self.conn.execute("SELECT id, record FROM results WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
+                                 (pattern,)).fetchall()
         if not rows:
             raise UserError(f"no result with id {id_prefix!r} in {self.path}")
         if len(rows) > 1:
             raise UserError(f"id prefix {id_prefix!r} matches several results; give more characters")
-        return ResultRecord.model_validate(json.loads(rows[0][0]))
+        rec = self._read(*rows[0])
+        if rec is None:
+            raise UserError(f"result {rows[0][0][:12]} cannot be read: {self.skipped[-1].split(': ', 1)[1]}")
+        return rec
 
     def save_sweep(self, sweep_id: str, name: str, created_at: str, definition: dict) -> None:
         with self.conn:
@@ -130,3 +171,72 @@ class Store:
 
     def integrity_check(self) -> str:
         return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+    def acquire(self, name: str) -> None:
+        """Take the named lock (a sweep's id) for this process, or refuse: two runners of one sweep would run
+        every configuration twice. A lock whose process has died on this host is taken over."""
+        me = (os.getpid(), socket.gethostname())
+        with self.conn:
+            row = self.conn.execute("SELECT pid, host, since FROM locks WHERE name = ?", (name,)).fetchone()
+            if row and (row[0], row[1]) != me and not (row[1] == me[1] and not _alive(row[0])):
+                where = f"process {row[0]}" + ("" if row[1] == me[1] else f" on {row[1]}")
+                raise UserError(f"{name} is being run by {where} since {row[2]}; wait for it to finish (a lock "
+                                f"held on another host is released when that run ends)")
+            self.conn.execute("INSERT OR REPLACE INTO locks (name, pid, host, since) VALUES (?, ?, ?, "
+                              "strftime('%Y-%m-%dT%H:%M:%SZ', 'now'))", (name, *me))
+
+    def release(self, name: str) -> None:
+        with self.conn:
+            self.conn.execute("DELETE FROM locks WHERE name = ? AND pid = ? AND host = ?",
+                              (name, os.getpid(), socket.gethostname()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def unreadable_reason(raw: str, err: Exception) -> str:
+    """Why a stored record cannot be read, in words: most often a newer tunebench wrote it."""
+    try:
+        version = json.loads(raw).get("schema_version")
+    except (ValueError, AttributeError):
+        return "not a JSON record (damaged row)"
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        return (f"written by a newer tunebench (record schema v{version}; this version reads up to "
+                f"v{SCHEMA_VERSION}): upgrade tunebench to read it")
+    first = err.errors()[0] if isinstance(err, ValidationError) else None
+    where = ".".join(str(p) for p in first["loc"]) if first else ""
+    return f"does not match the record schema ({where}: {first['msg']})" if first else f"unreadable ({err})"
+
+
+def read_exported(p: Path, skipped: list[str]) -> list[ResultRecord]:
+    """Records from `results export --format jsonl` (or a JSON list): a line that is no record is refused."""
+    if not p.is_file():
+        raise UserError(f"results file {p} does not exist")
+    text = p.read_text(errors="replace").strip()
+    try:
+        rows = json.loads(text) if text.startswith("[") else None
+    except ValueError as err:
+        raise UserError(f"results file {p} is not valid JSON ({err})") from None
+    if rows is None:
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    raise UserError(f"results file {p}: line {n} is not a JSON record (expected one record per "
+                                    "line, as `results export --format jsonl` writes)") from None
+    out = []
+    for n, row in enumerate(rows, 1):
+        try:
+            out.append(ResultRecord.model_validate(row))
+        except ValidationError as err:
+            skipped.append(f"{p.name} record {n}: {unreadable_reason(json.dumps(row), err)}")
+    return out

@@ -13,15 +13,19 @@ from tunebench.api.quick import quick, quick_configs
 from tunebench.api.records import finalize, import_records
 from tunebench.api.runs import run, run_scaling
 from tunebench.api.sweep import (
-                                 check_sweep,
-                                 pending,
-                                 plan_sweep,
-                                 register,
-                                 resume_plan,
-                                 run_each_gpu,
-                                 run_sweep,
-                                 sweep_records,
+           check_sweep,
+           pending,
+           plan_sweep,
+           refusals,
+    register,
+           resume_plan,
+           run_each_gpu,
+           run_sweep,
+           sweep_lock,
+           sweep_records,
 )
+from tunebench.launch.isolated import DEFAULT_RUN_TIMEOUT
 
-__all__ = ["check_sweep", "finalize", "import_records", "pending", "plan_sweep", "quick", "quick_configs", "register",
-           "resume_plan", "run", "run_each_gpu", "run_scaling", "run_sweep", "sweep_records"]
+__all__ = ["DEFAULT_RUN_TIMEOUT", "check_sweep", "finalize", "import_records", "pending", "plan_sweep", "quick",
+           "quick_configs", "refusals", "register", "resume_plan", "run", "run_each_gpu", "run_scaling", "run_sweep",
+           "sweep_lock", "sweep_records"]

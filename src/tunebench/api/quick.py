@@ -22,7 +22,7 @@ def quick_configs(device: str = "auto") -> list[RunConfig]:
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
         return [e.config for e in expand(load_suite("quick"), {"device": "cuda", "tag": ["quick"]})]
     return [RunConfig(model="tiny-llama", method=m, seq_len=128, batch_size=4, steps=8, warmup=2, device="cpu",
-                      precision="bf16", tag=["quick"]) for m in ("full", "lora", "qlora")]
+                      tag=["quick"]) for m in ("full", "lora", "qlora")]
 
 
 def quick(device: str, store: str | Path, out: str | Path,
@@ -38,5 +38,5 @@ def quick(device: str, store: str | Path, out: str | Path,
     for i, c in enumerate(configs):
         if on_start:
             on_start(i, len(configs), c)
-        records.append(run(c, store))
+        records.append(run(c, store, progress=True))
     return records, write_report(records, Path(out), load_prices(), "tunebench quick")

@@ -27,7 +27,8 @@ def scaling_against(rec: ResultRecord, base: ResultRecord) -> Scaling | None:
 
 def finalize(rec: ResultRecord, store: str | Path | None, sweep_id: str | None = None,
              scaling_base: ResultRecord | None = None) -> ResultRecord:
-    """Stamp what the run's caller knows (its sweep, its scaling baseline), then save it once."""
+    """Stamp what the run's caller knows (its sweep, its scaling baseline), then save it once.
+    `rec.saved_to` then names the store; None means it was kept aside instead (and said so)."""
     if sweep_id:
         rec.sweep_id = sweep_id
     if scaling_base is not None and rec.kind == "train":
@@ -51,6 +52,7 @@ def _save(rec: ResultRecord, store: Path) -> None:
     try:
         with Store(store) as s:
             s.save(rec)
+        rec._saved_to = str(store)
     except Exception as err:  # the run happened: keep its result whatever the store's problem
         kept = _keep_aside(rec, store)
         why = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -7,8 +7,9 @@ only what has fewer ok results than the repeats asked for (configurations matche
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,7 +53,7 @@ def plan_sweep(suite: str, sets: dict[str, Any] | None = None, repeats: int | No
 
 def resume_plan(store: str | Path, sweep_id: str, repeats: int | None = None) -> SweepPlan:
     """A registered sweep, as it was defined (the repeats may be raised)."""
-    with Store(store) as s:
+    with Store(store, create=False) as s:
         name, entries, registered = from_definition(s.sweep(sweep_id))
     return SweepPlan(sweep_id, name, entries, _repeats(repeats, registered))
 
@@ -64,13 +65,24 @@ def _repeats(asked: int | None, default: int) -> int:
     return n
 
 
-def check_sweep(plan: SweepPlan) -> None:
-    """Every configuration is checked before the first one runs."""
+def refusals(plan: SweepPlan) -> dict[str, str]:
+    """Each configuration's refusal on this machine (entry name -> why), as the real sweep would check it."""
+    out = {}
     for e in plan.entries:
         try:
             preflight(e.config)
         except UserError as err:
-            raise UserError(f"suite entry '{e.name}': {err}") from None
+            out[e.name] = str(err)
+    return out
+
+
+def check_sweep(plan: SweepPlan) -> None:
+    """Every configuration is checked before the first one runs."""
+    refused = refusals(plan)
+    if refused:
+        name, why = next(iter(refused.items()))
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise UserError(f"suite entry '{name}': {why}{more}")
 
 
 def pending(store: str | Path, plan: SweepPlan) -> list[Attempt]:
@@ -78,6 +90,18 @@ def pending(store: str | Path, plan: SweepPlan) -> list[Attempt]:
     with Store(store) as s:
         done = s.ok_counts(plan.id)
     return [Attempt(e, k) for e in plan.entries for k in range(done.get(e.config.config_hash(), 0), plan.repeats)]
+
+
+@contextlib.contextmanager
+def sweep_lock(store: str | Path, sweep_id: str) -> Iterator[None]:
+    """Hold the sweep's lock in the store while it runs (UserError if a live process holds it)."""
+    with Store(store) as s:
+        s.acquire(f"sweep {sweep_id}")
+    try:
+        yield
+    finally:
+        with Store(store) as s:
+            s.release(f"sweep {sweep_id}")
 
 
 def register(store: str | Path, plan: SweepPlan) -> None:
@@ -91,11 +115,13 @@ def run_sweep(plan: SweepPlan, store: str | Path, attempts: list[Attempt], timeo
               on_start: Callable[[int, Attempt], None] | None = None,
               on_done: Callable[[int, Attempt, ResultRecord], None] | None = None) -> list[ResultRecord]:
     """Each attempt in its own process group under `timeout`; each record saved as soon as it exists."""
+    check_store(store)
     records = []
     for i, attempt in enumerate(attempts):
         if on_start:
             on_start(i, attempt)
-        rec = finalize(Isolated(timeout).launch(attempt.entry.config), store, plan.id)
+        cfg = attempt.entry.config
+        rec = finalize(Isolated(cfg.run_timeout or timeout).launch(cfg), store, plan.id)
         records.append(rec)
         if on_done:
             on_done(i, attempt, rec)
@@ -103,12 +129,16 @@ def run_sweep(plan: SweepPlan, store: str | Path, attempts: list[Attempt], timeo
 
 
 def run_each_gpu(cfg: RunConfig, gpus: int, store: str | Path, timeout: float = DEFAULT_RUN_TIMEOUT,
+                 on_start: Callable[[int], None] | None = None,
                  on_done: Callable[[int, ResultRecord], None] | None = None) -> list[ResultRecord]:
     """The same configuration on each local GPU in turn (one sweep), for consistency checks."""
     preflight(cfg)
+    check_store(store)
     sweep_id = new_sweep_id("consistency")
     records = []
     for i in range(gpus):
+        if on_start:
+            on_start(i)
         rec = finalize(Isolated(timeout, {"CUDA_VISIBLE_DEVICES": str(i)}).launch(cfg), store, sweep_id)
         records.append(rec)
         if on_done:

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable, Iterable
 
-from tunebench.config import HwConfig, InferConfig, LoadConfig, load_config
+from tunebench.config import HwConfig, InferConfig, LoadConfig
+from tunebench.console import say
 from tunebench.document import Table
+from tunebench.flags import config_from
 from tunebench.record import ResultRecord
-
-
-def _log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def _config(args: argparse.Namespace, cls):
-    return load_config(args.config, cls, **{name: getattr(args, name) for name in cls.model_fields})
 
 
 def _finish(args: argparse.Namespace, records: Iterable[ResultRecord],
@@ -36,8 +29,9 @@ def _finish(args: argparse.Namespace, records: Iterable[ResultRecord],
     else:
         for table in tables(done):
             print_table(table, args.stdout)
+    saved = sum(r.saved_to is not None for r in done)
     if store:
-        _log(f"stored {len(done)} result(s) in {store}")
+        say(f"stored {saved} of {len(done)} result(s) in {store}")
     return 0 if done and all(r.status == "ok" for r in done) else 1
 
 
@@ -45,24 +39,24 @@ def cmd_hw(args: argparse.Namespace) -> int:
     from tunebench.hw import preflight, run_hw
     from tunebench.report.bench import hw_tables
 
-    cfg = _config(args, HwConfig)
+    cfg = config_from(args, HwConfig)
     preflight(cfg)
-    return _finish(args, [run_hw(cfg, _log)], lambda recs: [t for r in recs for t in hw_tables(r)])
+    return _finish(args, [run_hw(cfg, say)], lambda recs: [t for r in recs for t in hw_tables(r)])
 
 
 def cmd_load(args: argparse.Namespace) -> int:
     from tunebench.inference.load import preflight, run_load
     from tunebench.report.bench import load_table
 
-    cfg = _config(args, LoadConfig)
+    cfg = config_from(args, LoadConfig)
     preflight(cfg)
-    return _finish(args, run_load(cfg, _log), lambda recs: [load_table(recs)])
+    return _finish(args, run_load(cfg, say), lambda recs: [load_table(recs)])
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
     from tunebench.inference.generate import preflight, run_infer
     from tunebench.report.bench import infer_table
 
-    cfg = _config(args, InferConfig)
+    cfg = config_from(args, InferConfig)
     preflight(cfg)
-    return _finish(args, run_infer(cfg, _log), lambda recs: [infer_table(recs)])
+    return _finish(args, run_infer(cfg, say), lambda recs: [infer_table(recs)])

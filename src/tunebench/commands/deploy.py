@@ -10,20 +10,20 @@ from tunebench.errors import UserError
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    from tunebench import deploy
+
     if args.target == "k8s":
-        from tunebench.deploy.k8s import K8sJob, manifests, to_yaml
+        from tunebench.deploy.k8s import K8sJob
 
         job = K8sJob(args.name, args.nodes, args.gpus_per_node, args.image, args.user_args, kind=args.kind,
                      namespace=args.namespace, pvc=args.pvc, fabric=args.fabric, host_network=args.host_network,
                      node_selector=dict(_pair(x, "node-selector") for x in args.node_selector),
                      tolerations=[_toleration(t) for t in args.toleration],
                      image_pull_secrets=args.image_pull_secret, shm_size=args.shm_size, max_restarts=args.max_restarts)
-        text = to_yaml(manifests(job))
+        text = deploy.k8s_text(job)
     else:
-        from tunebench.deploy.slurm import sbatch_script
-
-        text = sbatch_script(args.user_args, args.nodes, args.gpus_per_node, args.job_name, args.partition,
-                             args.time, args.store)
+        text = deploy.slurm_text(args.user_args, args.nodes, args.gpus_per_node, args.job_name, args.partition,
+                                 args.time, args.store)
     if args.output:
         from tunebench.files import write_text
 
@@ -51,19 +51,30 @@ def _toleration(text: str) -> dict:
 
 def cmd_collect(args: argparse.Namespace) -> int:
     from tunebench.api import import_records
-    from tunebench.deploy.collect import marked_records
-    from tunebench.store import default_store_path
+    from tunebench.console import say
+    from tunebench.deploy.collect import Collected, marked_records
+    from tunebench.store import default_store_path, read_exported
 
-    recs = []
+    got = Collected()
     for name in args.files:
         if name == "-":
-            recs += marked_records(sys.stdin)
+            one = marked_records(sys.stdin, "stdin")
+        elif not Path(name).is_file():
+            raise UserError(f"log file {name} does not exist")
+        elif Path(name).suffix in (".jsonl", ".json"):  # an export (`results export --format jsonl`) comes back in
+            one = Collected()
+            one.records = read_exported(Path(name), one.skipped)
         else:
-            if not Path(name).is_file():
-                raise UserError(f"log file {name} does not exist")
             with open(name, errors="replace") as f:
-                recs += marked_records(f)
+                one = marked_records(f, name)
+        got.records += one.records
+        got.skipped += one.skipped
     store = Path(args.store or default_store_path())
-    found, new = import_records(recs, store)
-    print(f"{found} records found, {new} new, {found - new} already in {store}", file=args.stdout)
+    found, new = import_records(got.records, store)
+    line = f"{found} records found, {new} new, {found - new} already in {store}"
+    if got.skipped:
+        line += f"; {len(got.skipped)} block(s) skipped, not records"
+    print(line, file=args.stdout)
+    for why in got.skipped:
+        say(f"  skipped {why}")
     return 0

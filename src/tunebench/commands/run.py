@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from tunebench.config import RunConfig, load_config
 from tunebench.errors import UserError
+from tunebench.flags import config_from
 
 
 def world_sizes(text: str | None) -> list[int] | None:
@@ -28,20 +28,20 @@ def store_of(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    cfg = config_from(args)  # bad input is refused here, before torch is even imported
+    sizes, store = world_sizes(args.gpus), store_of(args)
     from tunebench import api
     from tunebench.console import print_table, say
     from tunebench.report.views import run_table, scaling_table
 
-    cfg = load_config(args.config, **{name: getattr(args, name) for name in RunConfig.model_fields})
-    sizes, store = world_sizes(args.gpus), store_of(args)
     if sizes:
-        records = api.run_scaling(cfg, sizes, store)
+        records = api.run_scaling(cfg, sizes, store, progress=True)
         if args.json:
             print(json.dumps([json.loads(r.model_dump_json()) for r in records], indent=2), file=args.stdout)
         else:
             print_table(scaling_table(records), args.stdout)
         return 0 if len(records) == len(sizes) and all(r.status == "ok" for r in records) else 1
-    rec = api.run(cfg, store)
+    rec = api.run(cfg, store, progress=True)
     if rec is None:
         say("rank 0 ran on another node: its record is in that node's store")
         return 0
@@ -53,8 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from tunebench.deploy.command import marked
 
         print(marked(rec.model_dump_json()), file=args.stdout, flush=True)
-        if store:
-            say(f"stored {rec.id} in {store}")
+        if rec.saved_to:
+            say(f"stored {rec.id} in {rec.saved_to}")
     return 0 if rec.status == "ok" else 1
 
 

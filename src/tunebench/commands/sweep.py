@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from tunebench.config import RunConfig
 from tunebench.errors import UserError
+from tunebench.flags import config_from
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -26,20 +26,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     else:
         plan = api.plan_sweep(args.suite, parse_sets(args.set), args.repeats)
     if args.dry_run:
-        print_table(sweep_plan_table(plan.name, plan.entries, plan.repeats), args.stdout)
+        refused = api.refusals(plan)  # checked as the real sweep checks them
+        print_table(sweep_plan_table(plan.name, plan.entries, plan.repeats, refused), args.stdout)
         if args.json:
-            print(json.dumps([{"name": e.name, "config": e.config.model_dump()} for e in plan.entries], indent=2),
-                  file=args.stdout)
+            print(json.dumps([{"name": e.name, "config": e.config.model_dump(), "refused": refused.get(e.name)}
+                              for e in plan.entries], indent=2), file=args.stdout)
+        if refused:
+            raise UserError(f"{len(refused)} of {len(plan.entries)} configurations would be refused on this machine; "
+                            f"first: '{next(iter(refused))}': {next(iter(refused.values()))}")
         return 0
     api.check_sweep(plan)
     if not args.resume:
         api.register(store, plan)
-    todo = api.pending(store, plan)
-    say(f"sweep {plan.id}: {len(todo)} runs to do ({len(plan.entries)} configurations x {plan.repeats}), "
-        f"results in {store}")
     try:
-        with sweep_progress(len(todo), lambda a: a.entry.name, attempt_summary) as (on_start, on_done):
-            api.run_sweep(plan, store, todo, args.run_timeout, on_start, on_done)
+        with api.sweep_lock(store, plan.id):  # a second runner of the same sweep is refused
+            todo = api.pending(store, plan)
+            say(f"sweep {plan.id}: {len(todo)} runs to do ({len(plan.entries)} configurations x {plan.repeats}), "
+                f"results in {store}")
+            with sweep_progress(len(todo), lambda a: a.entry.name, attempt_summary) as (on_start, on_done):
+                api.run_sweep(plan, store, todo, args.run_timeout, on_start, on_done)
     except KeyboardInterrupt:
         say(f"interrupted: finished runs are stored; continue with: tunebench sweep --resume {plan.id}")
         return 130
@@ -52,37 +57,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_consistency(args: argparse.Namespace) -> int:
-    import collections
-
-    import torch
-
-    from tunebench import api
-    from tunebench.config import load_config
-    from tunebench.console import print_table, say
-    from tunebench.report import consistency as cons
-    from tunebench.store import Store, default_store_path
+    from tunebench.api import consistency
+    from tunebench.console import print_table, say, warn_skipped
+    from tunebench.report.consistency import table
+    from tunebench.store import default_store_path
 
     store = Path(args.store or default_store_path())
     if args.sweep or args.with_tag:
-        with Store(store) as s:
-            recs = [r for r in s.records("train", args.sweep) if r.status == "ok" and r.metrics.tokens_per_s
-                    and (not args.with_tag or args.with_tag in r.tags)]
-        groups = collections.Counter(r.config_hash for r in recs)
-        if not groups:
-            raise UserError("no ok results match: nothing to compare")
-        main_hash = groups.most_common(1)[0][0]  # the configuration run most often
-        recs = [r for r in recs if r.config_hash == main_hash]
+        result, skipped = consistency.stored(store, args.sweep, args.with_tag)
+        warn_skipped(skipped, store)
     else:
-        overrides = {name: getattr(args, name) for name in RunConfig.model_fields}
-        cfg = load_config(args.config, **overrides).model_copy(update={"device": "cuda"})
-        gpus = torch.cuda.device_count()
-        if gpus == 0:
-            raise UserError("no GPU is visible: compare stored runs from several nodes with --sweep or --with-tag")
-        recs = api.run_each_gpu(cfg, gpus, store, args.run_timeout,
-                                on_done=lambda i, rec: say(f"GPU {i} of {gpus}: {rec.status}"))
-        recs = [r for r in recs if r.status == "ok" and r.metrics.tokens_per_s]
-    if len(recs) < 2:
-        raise UserError(f"consistency needs at least 2 ok runs of one configuration, found {len(recs)}")
-    result = cons.analyse(recs)
-    print_table(cons.table(result), args.stdout)
+        result = consistency.measured(config_from(args), store,
+                                      on_start=lambda i, n: say(f"GPU {i} of {n} ..."),
+                                      on_done=lambda i, n, rec: say(f"GPU {i} of {n}: {rec.status}"))
+    print_table(table(result), args.stdout)
     return 0 if result.ok else 1

@@ -35,3 +35,14 @@ def print_table(table: Table, file: TextIO | None = None) -> None:
 def say(line: str) -> None:
     """A status line for the user, on stderr (stdout carries results)."""
     print(line, file=sys.stderr, flush=True)
+
+
+def warn_skipped(skipped: list[str], where: object) -> None:
+    """Say which stored results could not be read (and were left out), one line each, at most ten."""
+    if not skipped:
+        return
+    say(f"tunebench: warning: {len(skipped)} result(s) in {where} could not be read and were left out:")
+    for line in skipped[:10]:
+        say(f"  {line}")
+    if len(skipped) > 10:
+        say(f"  ... and {len(skipped) - 10} more")

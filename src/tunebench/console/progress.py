@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from tunebench.config import RunConfig
+from tunebench.format import config_label
 
 ProgressFn = Callable[[int, float | None], None]
 
@@ -17,7 +18,7 @@ def run_progress(cfg: RunConfig, label: str = "") -> Iterator[ProgressFn]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    name = label or f"{cfg.model} {cfg.method} {cfg.strategy}"
+    name = label or config_label(cfg.model_dump())
     console = Console(stderr=True)
     if not console.is_terminal:  # logs (kubectl, Slurm, CI): plain lines, not a redrawn bar
         t0, every = time.perf_counter(), max(1, cfg.steps // 10)

@@ -7,6 +7,8 @@ command and args, so every `$` of the user's is written as `$$`, which Kubernete
 
 from __future__ import annotations
 
+import hashlib
+
 from tunebench.errors import UserError
 
 RDZV_PORT = 29400
@@ -15,11 +17,15 @@ MARKER_END = "---TUNEBENCH-RESULT-END---"
 
 
 def marked(record_json: str) -> str:
-    """A record between the markers `tunebench collect` looks for in logs."""
-    return f"{MARKER_BEGIN}\n{record_json}\n{MARKER_END}"
+    """A record (one line of JSON) between the marker lines `tunebench collect` reads, with its checksum."""
+    data = record_json.encode()
+    return f"{MARKER_BEGIN} sha256={hashlib.sha256(data).hexdigest()} bytes={len(data)}\n{record_json}\n{MARKER_END}"
 
 
-def check_user_args(args: list[str], nodes: int) -> None:
+def check_user_args(args: list[str], nodes: int, gpus: int | None = None) -> None:
+    """The tunebench arguments after `--`: a run or sweep, nothing the deployment sets, valid as `run` checks them."""
+    from tunebench.deploy.check import check_run_args, check_sweep_args
+
     if not args or args[0] not in ("run", "sweep"):
         raise UserError("give the tunebench arguments after --, starting with run or sweep "
                         "(e.g. -- run --model mistral-7b --method qlora)")
@@ -29,6 +35,8 @@ def check_user_args(args: list[str], nodes: int) -> None:
     clash = sorted(reserved & {a.split("=")[0] for a in args})
     if clash:
         raise UserError(f"{clash[0]} is set by the deployment; leave it out of the tunebench arguments")
+    if gpus is not None:
+        (check_run_args(args[1:], nodes, gpus) if args[0] == "run" else check_sweep_args(args[1:]))
 
 
 def tunebench_argv(user_args: list[str], nodes: int, gpus: int, node_rank: str, endpoint: str,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from tunebench.deploy import fields
 from tunebench.deploy.command import RDZV_PORT, k8s_escape, tunebench_argv
 from tunebench.errors import UserError
 
@@ -43,10 +44,23 @@ class K8sJob:
 
 
 def _check(job: K8sJob) -> None:
-    import re
-
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?", job.name):
-        raise UserError(f"invalid name={job.name}: lowercase letters, digits and '-', at most 42 characters")
+    fields.dns_label("name", job.name, 42)  # pod names add "-node-0-0" and the like
+    if job.namespace is not None:
+        fields.dns_label("namespace", job.namespace)
+    fields.image(job.image)
+    fields.quantity("shm-size", job.shm_size)
+    if job.pvc is not None:
+        fields.dns_subdomain("pvc", job.pvc)
+    for k, v in job.node_selector.items():
+        fields.label_key("node-selector key", k)
+        fields.label_value("node-selector value", v)
+    for t in job.tolerations:
+        fields.label_key("toleration key", t["key"])
+        fields.label_value("toleration value", t.get("value", ""))
+    for s in job.image_pull_secrets:
+        fields.dns_subdomain("image-pull-secret", s)
+    if job.max_restarts < 0:
+        raise UserError(f"invalid max-restarts={job.max_restarts}: must be 0 or more")
     if job.nodes < 1 or job.gpus_per_node < 1:
         raise UserError("nodes and gpus-per-node must be positive")
     if job.kind == "trainjob" and job.host_network:

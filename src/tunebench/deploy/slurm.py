@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 
+from tunebench.deploy import fields
 from tunebench.deploy.command import RDZV_PORT, tunebench_argv
 
 LITERAL = ("$SLURM_NODEID", "${head}:" + str(RDZV_PORT), "$SLURM_JOB_ID")
@@ -19,6 +20,13 @@ def srun_argv(user_args: list[str], nodes: int, gpus: int, store: str | None) ->
 
 def sbatch_script(user_args: list[str], nodes: int, gpus_per_node: int, job_name: str = "tunebench",
                   partition: str | None = None, time: str | None = None, store: str | None = None) -> str:
+    fields.slurm_name(job_name)
+    if partition is not None:
+        fields.slurm_partition(partition)
+    if time is not None:
+        fields.slurm_time(time)
+    if store is not None:
+        fields.plain("store", store)
     argv = srun_argv(user_args, nodes, gpus_per_node, store)
     # Our own variables stay unquoted-but-double-quoted so bash expands them; user words are quoted.
     words = [f'"{a}"' if a in LITERAL else shlex.quote(a) for a in argv]

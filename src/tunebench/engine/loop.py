@@ -49,8 +49,10 @@ def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.dev
              telemetry: Telemetry | None = None) -> LoopResult:
     cuda = device.type == "cuda"
     lag = LAG if cuda else 0
-    host = torch.zeros(cfg.steps, dtype=torch.float32, pin_memory=cuda)
-    ready: list[torch.cuda.Event | None] = []
+    # A ring of LAG + 1 pinned slots: step k's loss lives in slot k % slots until it is read, LAG steps later.
+    slots = lag + 1
+    host = torch.zeros(slots, dtype=torch.float32, pin_memory=cuda)
+    ready: list[torch.cuda.Event | None] = [None] * slots
     timer = StepTimer(device)
     result = LoopResult()
     last: float | None = None
@@ -58,9 +60,9 @@ def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.dev
     def read(k: int) -> bool:
         """Read step k's loss; False (and status nan) if it is not finite."""
         nonlocal last
-        if ready[k] is not None:
-            ready[k].synchronize()
-        last = float(host[k])
+        if ready[k % slots] is not None:
+            ready[k % slots].synchronize()
+        last = float(host[k % slots])
         result.losses.append(last)
         if not math.isfinite(last):
             result.status, result.error = "nan", f"loss became {last} at step {k}"
@@ -77,10 +79,10 @@ def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.dev
             if telemetry:
                 telemetry.start()
         loss = step()
-        host[i].copy_(loss, non_blocking=cuda)
-        ready.append(torch.cuda.Event() if cuda else None)
+        host[i % slots].copy_(loss, non_blocking=cuda)
         if cuda:
-            ready[-1].record()
+            ready[i % slots] = torch.cuda.Event()
+            ready[i % slots].record()
         if i >= cfg.warmup:
             timer.step_end()
         if i - lag >= 0 and not read(i - lag):

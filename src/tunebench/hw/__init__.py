@@ -7,13 +7,13 @@ the others keep their figures. GPU telemetry is sampled over the whole command.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 
 import torch
 
 from tunebench.config import HwConfig
+from tunebench.console import say
 from tunebench.environment import environment
 from tunebench.errors import invalid
 from tunebench.hw import bandwidth, collectives, matmul
@@ -23,10 +23,6 @@ from tunebench.preflight import Plan, resolve_device
 from tunebench.record import HwMetrics, ResultRecord, RunTelemetry
 
 Log = Callable[[str], None]
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def preflight(cfg: HwConfig) -> Plan:
@@ -39,7 +35,7 @@ def preflight(cfg: HwConfig) -> Plan:
     return Plan(cfg, device)
 
 
-def run_hw(cfg: HwConfig, log: Log = _stderr) -> ResultRecord:
+def run_hw(cfg: HwConfig, log: Log = say) -> ResultRecord:
     device = preflight(cfg).device
     env = environment(device)
     m = HwMetrics(device_name=env["gpu"]["name"] or env["cpu"]["model"])

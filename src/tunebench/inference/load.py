@@ -22,7 +22,10 @@ import torch
 from tunebench.config import LoadConfig
 from tunebench.environment import environment
 from tunebench.errors import invalid
+from tunebench.files import write_text
+from tunebench.format import gib
 from tunebench.inference import recorded, require_bitsandbytes, weights_for
+from tunebench.launch.rundir import RunDir
 from tunebench.metrics import telemetry
 from tunebench.metrics.memory import current_rss_bytes, peak_memory, release, reset_peak
 from tunebench.metrics.timer import synchronize
@@ -49,18 +52,31 @@ def model_dir(spec: ModelSpec, cfg: LoadConfig, device: torch.device, log: Log) 
     if spec.has_weights:
         yield spec.path
         return
-    path = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="tunebench-load-"))
-    try:
-        if not any(path.glob("*.safetensors")):
+    with contextlib.ExitStack() as stack:
+        path = Path(cfg.workdir) if cfg.workdir else stack.enter_context(RunDir.temporary("tunebench-load-")).path
+        if not (path / COMPLETE).is_file():
             log(f"load: writing {spec.name} (random bf16 weights) to {path}")
-            model, _ = build(spec, Weights(seed=cfg.seed, use_cache=True), device)
-            model.save_pretrained(path)
-            del model
-            release(device)
+            _write_preset(spec, cfg, device, path)
         yield path
+
+
+COMPLETE = ".tunebench-complete"  # written last: a directory without it holds a cut-off write
+
+
+def _write_preset(spec: ModelSpec, cfg: LoadConfig, device: torch.device, path: Path) -> None:
+    """The preset as safetensors in `path`, written aside first, so a killed write never looks complete."""
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=path))
+    try:
+        model, _ = build(spec, Weights(seed=cfg.seed, use_cache=True), device)
+        model.save_pretrained(tmp)
+        del model
+        release(device)
+        for f in tmp.iterdir():
+            os.replace(f, path / f.name)
+        write_text(path / COMPLETE, spec.name)
     finally:
-        if not cfg.workdir:
-            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _page_cache(files: list[Path], cold: bool) -> None:
@@ -127,8 +143,8 @@ def _load_one(cfg: LoadConfig, spec: ModelSpec, path: Path, files: list[Path], d
             setattr(m, k, v)
         del model
         log(f"load {spec.name} {precision}: {m.load_s:.2f} s, "
-            + (f"{m.mem_allocated_bytes / 2**30:.2f} GiB on the GPU" if m.mem_allocated_bytes is not None
-               else f"{m.model_bytes / 2**30:.3f} GiB of weights"))
+            + (f"{gib(m.mem_allocated_bytes)} on the GPU" if m.mem_allocated_bytes is not None
+               else f"{gib(m.model_bytes, '.3f')} of weights"))
     if sampler:  # after a failure the sampler is still running
         sampler.stop()
     release(device)

@@ -13,23 +13,26 @@ more module with a `launch(cfg)` method.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from tunebench.config import RunConfig
+    from tunebench.preflight import Plan
     from tunebench.record import ResultRecord
 
 
 class Launcher(Protocol):
-    def launch(self, cfg: RunConfig) -> ResultRecord | None: ...
+    def launch(self, cfg: RunConfig, plan: Plan | None = None) -> ResultRecord | None:
+        """Run `cfg` (`plan`: its preflight on this machine, if the caller has it) and return its record."""
 
 
-def launcher_for(cfg: RunConfig) -> Launcher:
-    """Torchrun for distributed configurations, this process otherwise."""
+def launcher_for(cfg: RunConfig, progress: Any = None) -> Launcher:
+    """Torchrun for distributed configurations, this process otherwise (`progress`: console.progress.run_progress
+    or None for none; torchrun's ranks always log their progress lines)."""
     if cfg.distributed:
         from tunebench.launch.torchrun import Torchrun
 
         return Torchrun()
     from tunebench.launch.inprocess import InProcess
 
-    return InProcess()
+    return InProcess(progress)

@@ -13,12 +13,18 @@ from pathlib import Path
 
 def main(path: Path) -> int:
     from tunebench.config import RunConfig
+    from tunebench.console.progress import run_progress
+    from tunebench.errors import UserError
     from tunebench.launch import launcher_for
     from tunebench.launch.rundir import RunDir
 
     rundir = RunDir(path)
     cfg = RunConfig.model_validate(rundir.job()["config"])
-    rec = launcher_for(cfg).launch(cfg)
+    try:
+        rec = launcher_for(cfg, progress=run_progress).launch(cfg)
+    except UserError as err:  # refused here (the parent checked it on its machine): one line, as the CLI says it
+        print(f"tunebench: error: {err}", file=sys.stderr)
+        return 2
     if rec is not None:
         rundir.write_result(rec.model_dump_json())
     return 0

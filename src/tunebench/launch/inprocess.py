@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from tunebench.config import RunConfig
-from tunebench.console.progress import ProgressFn, run_progress
+from tunebench.console.progress import ProgressFn
+from tunebench.preflight import Plan
 from tunebench.record import ResultRecord
 from tunebench.runner import execute, preflight
 
 
 @dataclass
 class InProcess:
-    progress: Callable[[RunConfig], AbstractContextManager[ProgressFn]] = run_progress
+    progress: Callable[[RunConfig], AbstractContextManager[ProgressFn]] | None = None  # None: silent
 
-    def launch(self, cfg: RunConfig) -> ResultRecord:
+    def launch(self, cfg: RunConfig, plan: Plan | None = None) -> ResultRecord:
         started = time.perf_counter()
-        plan = preflight(cfg)
-        with self.progress(cfg) as progress:
+        plan = plan or preflight(cfg)
+        with (self.progress or _silent)(cfg) as progress:
             return execute(plan, progress, started)
+
+
+@contextlib.contextmanager
+def _silent(cfg: RunConfig) -> Iterator[None]:
+    yield None

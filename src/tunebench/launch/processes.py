@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 
 PR_SET_PDEATHSIG = 1
 
@@ -17,12 +18,16 @@ def die_with_parent() -> None:
     """In a child (before exec, or first thing in a worker): SIGKILL when the parent dies.
 
     Each process of a run (sweep -> run -> torchrun -> ranks) sets this, so killing the top of the
-    chain, even with SIGKILL, ends every process below it.
+    chain, even with SIGKILL, ends every process below it. A parent that died before this call left
+    the process to init (or a subreaper): then it ends at once.
     """
+    parent = os.getppid()
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:  # not Linux: children may outlive a killed parent
-        pass
+        return
+    if parent == 1 or os.getppid() != parent:
+        os._exit(1)
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -39,32 +44,51 @@ def torchrun_env(nproc: int, cpu: bool) -> dict[str, str]:
     return env
 
 
-def run_torchrun(argv: list[str], env: dict[str, str], timeout: float | None = None) -> tuple[int, list[str]]:
-    """Run torchrun, echoing its output to stderr; returns its exit code and last lines.
+@dataclass
+class Finished:
+    code: int  # the exit code (negative: the signal that ended it)
+    timed_out: bool  # it ran past its time limit and its whole group was killed
+    tail: list[str]  # the last lines of its output (stdout and stderr together)
 
-    After `timeout` seconds torchrun and every rank are killed (the last line then says so).
-    """
-    tail: collections.deque[str] = collections.deque(maxlen=120)
+
+def run_group(argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None,
+              echo: bool = False, keep: int = 120) -> Finished:
+    """Run `argv` in a process group of its own that dies with this process, keeping its last `keep` lines
+    of output (echoed to stderr with `echo`). After `timeout` seconds, or when this process is interrupted,
+    the whole group is killed: the process, torchrun, every rank."""
+    tail: collections.deque[str] = collections.deque(maxlen=keep)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, bufsize=1, preexec_fn=die_with_parent)
-    timer = threading.Timer(timeout, kill_group, (proc.pid,)) if timeout else None
-    if timer:
-        timer.start()
-    try:
+                            start_new_session=True, bufsize=1, preexec_fn=die_with_parent, errors="replace")
+
+    def read() -> None:
         for line in proc.stdout:
-            sys.stderr.write(line)
+            if echo:
+                sys.stderr.write(line)
             tail.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
         proc.wait()
-        if timer and not timer.is_alive():
-            tail.append(f"killed after the {timeout:.0f} s time limit\n")
-    except BaseException:  # Ctrl-C or the caller's timeout: end torchrun and every rank with it
+        timed_out = True
+    except BaseException:  # Ctrl-C: end the group, politely first, then stop
         kill_group(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             kill_group(proc.pid)
         raise
-    finally:
-        if timer:
-            timer.cancel()
-    return proc.returncode, list(tail)
+    reader.join(timeout=10)
+    if timed_out:
+        tail.append(f"killed after the {timeout:g} s time limit\n")
+    return Finished(proc.returncode, timed_out, list(tail))
+
+
+def run_torchrun(argv: list[str], env: dict[str, str], timeout: float | None = None) -> tuple[int, list[str]]:
+    """Run torchrun, echoing its output to stderr; returns its exit code and last lines."""
+    done = run_group(argv, env, timeout, echo=True)
+    return done.code, done.tail

@@ -18,7 +18,7 @@ from tunebench.environment import environment
 from tunebench.launch.processes import run_torchrun, torchrun_env
 from tunebench.launch.rundir import RunDir
 from tunebench.metrics.aggregate import MEMORY, max_present
-from tunebench.preflight import nproc_per_node
+from tunebench.preflight import Plan, nproc_per_node
 from tunebench.record import ResultRecord, TrainMetrics
 from tunebench.runner import preflight
 
@@ -37,9 +37,9 @@ def torchrun_argv(cfg: RunConfig, nproc: int, rundir: Path) -> list[str]:
 
 @dataclass
 class Torchrun:
-    def launch(self, cfg: RunConfig) -> ResultRecord | None:
+    def launch(self, cfg: RunConfig, plan: Plan | None = None) -> ResultRecord | None:
         """Run `cfg` under torchrun on this node. None when rank 0 ran (and recorded) on another node."""
-        plan = preflight(cfg)  # bad input fails here, before any process starts
+        plan = plan or preflight(cfg)  # bad input fails here, before any process starts
         nproc = nproc_per_node(cfg, plan.device)
         with RunDir.temporary() as rundir:
             rundir.write_job({"config": cfg.model_dump()})
@@ -49,7 +49,7 @@ class Torchrun:
                 return ResultRecord.model_validate_json(text)
             if code == 0 or cfg.node_rank != 0:
                 return None  # rank 0 ran on another node; on failure the first node's launcher records it, once
-            return failed_record(cfg, rundir, tail, plan.device, nproc * cfg.nnodes)
+            return failed_record(cfg, rundir, tail, plan.device, plan.world_size)
 
 
 TEARDOWN = -15  # SIGTERM: how torchrun ends the ranks that survived the first failure

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -36,7 +37,7 @@ def main(rundir_path: Path) -> None:
             with run_progress(cfg) as progress:
                 rec = execute(plan, progress, started, ctx, on_rank_figures=rundir.write_rank)
         except BaseException as err:
-            rundir.write_error(ctx.rank, *failure(err))
+            rundir.write_error(ctx.rank, failure(err)[0], traceback.format_exc()[-4000:])
             raise
         if ctx.is_main:
             rundir.write_result(rec.model_dump_json())

@@ -14,15 +14,20 @@ from tunebench.config import RunConfig
 from tunebench.errors import invalid
 
 
+def _is_linear(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear) or type(m).__name__ in ("Conv1D", "Linear4bit", "Linear8bitLt")
+
+
 def check_targets(model: nn.Module, targets: list[str]) -> None:
-    """Refuse target names that match no module (peft matches a name or a dotted suffix)."""
+    """Refuse target names that match no linear layer (peft matches a name or a dotted suffix)."""
     if targets == ["all-linear"]:
         return
-    names = [n for n, _ in model.named_modules()]
+    linears = [n for n, m in model.named_modules() if n and _is_linear(m)]
     for t in targets:
-        if not any(n == t or n.endswith("." + t) for n in names):
-            leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-            raise invalid("lora_targets", t, f"no such module; linear layers are: {', '.join(leaves)} (or all-linear)")
+        if not any(n == t or n.endswith("." + t) for n in linears):
+            leaves = sorted({n.rsplit(".", 1)[-1] for n in linears})
+            raise invalid("lora_targets", t, f"no linear layer has this name; linear layers are: {', '.join(leaves)} "
+                                             "(or all-linear)")
 
 
 def apply_lora(model: nn.Module, cfg: RunConfig) -> nn.Module:

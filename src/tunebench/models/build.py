@@ -46,7 +46,7 @@ class Weights:
 def compute_dtype(cfg: RunConfig) -> torch.dtype:
     if cfg.method == "qlora" and cfg.quant_compute_dtype != "auto":
         return DTYPES[cfg.quant_compute_dtype]
-    return DTYPES[cfg.precision]
+    return DTYPES.get(cfg.precision, torch.bfloat16)  # 'auto' not yet made concrete: only shapes are asked
 
 
 def train_weights(cfg: RunConfig) -> Weights:
@@ -191,4 +191,4 @@ def build(spec: ModelSpec, w: Weights, device: torch.device) -> tuple[PreTrained
 
 def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> tuple[PreTrainedModel, str]:
     """The training model of a run configuration on `device`."""
-    return build(spec, train_weights(cfg), device)
+    return build(spec, train_weights(cfg.resolved(device.type)), device)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tunebench.document import Table
+from tunebench.format import error_cell, fmt, pct
 from tunebench.record import ResultRecord
-from tunebench.report.format import error_cell, fmt, pct
 from tunebench.units import GIB
 
 

@@ -7,33 +7,34 @@ regression, which makes `tunebench compare` exit 1 so it can guard CI.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from tunebench.errors import UserError
+from tunebench.format import label
 from tunebench.record import ResultRecord
-from tunebench.report.format import label
-from tunebench.store import Store
+from tunebench.store import Store, read_exported
 
 
-def load_side(ref: str, store: str | None) -> list[ResultRecord]:
-    """A store file (.db), an exported JSON-lines file (.jsonl), or a sweep id in --store."""
+def load_side(ref: str, store: str | None, skipped: list[str] | None = None) -> list[ResultRecord]:
+    """A store file (.db), an exported JSON-lines file (.jsonl), or a sweep id in --store.
+
+    Records that cannot be read are left out and described in `skipped`."""
+    skipped = [] if skipped is None else skipped
     p = Path(ref)
     if p.suffix == ".db":
         if not p.is_file():
             raise UserError(f"store {ref} does not exist")
-        with Store(p) as s:
-            return list(s.records())
+        with Store(p, create=False) as s:
+            recs = list(s.records())
+        skipped += s.skipped
+        return recs
     if p.suffix in (".jsonl", ".json"):
-        if not p.is_file():
-            raise UserError(f"results file {ref} does not exist")
-        text = p.read_text().strip()
-        rows = json.loads(text) if text.startswith("[") else [json.loads(line) for line in text.splitlines() if line]
-        return [ResultRecord.model_validate(r) for r in rows]
-    with Store(store) as s:
+        return read_exported(p, skipped)
+    with Store(store, create=False) as s:
         recs = list(s.records(sweep_id=ref))
+    skipped += s.skipped
     if not recs:
         raise UserError(f"{ref} is neither a .db/.jsonl file nor a sweep in {s.path}")
     return recs

@@ -11,8 +11,8 @@ import statistics
 from dataclasses import dataclass
 
 from tunebench.document import Table
+from tunebench.format import gib, pct
 from tunebench.record import ResultRecord
-from tunebench.report.format import gib, pct
 
 THROUGHPUT_BAR = 0.05
 MEMORY_BAR = 0.02

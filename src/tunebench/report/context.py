@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunebench.config import RunConfig, not_levers
+from tunebench.format import label
 from tunebench.record import ResultRecord
 from tunebench.report.cost import DEFAULT_JOB_SAMPLES, Cost, Offering, cheapest
-from tunebench.report.format import label
 
 NOISE = 0.05  # effects smaller than this are reported as no measurable change
+CV_LIMIT = 0.02  # repeats whose throughput varies more than this are flagged as noisy
 
 
 @dataclass

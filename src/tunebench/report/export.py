@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 from typing import TextIO
 
+from tunebench.errors import UserError
 from tunebench.files import written_aside
 from tunebench.record import ResultRecord, flat_row
 
@@ -44,8 +45,16 @@ def write_parquet(records: list[ResultRecord], path: Path) -> None:
         pq.write_table(pa.Table.from_pylist(_parquet_safe([flat_row(r) for r in records])), tmp)
 
 
+def check_destination(path: Path) -> None:
+    if path.is_dir():
+        raise UserError(f"invalid output={path}: is a folder; give a file name")
+    if not path.parent.is_dir():
+        raise UserError(f"invalid output={path}: the folder {path.parent} does not exist")
+
+
 def export(records: list[ResultRecord], path: Path, fmt: str) -> None:
     """Write `records` to `path` as csv or jsonl: the file appears only once it is complete."""
+    check_destination(path)
     with written_aside(path) as tmp:
         with open(tmp, "w", newline="") as f:
             (write_jsonl if fmt == "jsonl" else write_csv)(records, f)

@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tunebench.files import written_aside  # noqa: E402
+from tunebench.format import label  # noqa: E402
 from tunebench.record import ResultRecord  # noqa: E402
-from tunebench.report.format import label  # noqa: E402
 from tunebench.units import GIB  # noqa: E402
 
 

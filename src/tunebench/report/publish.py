@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 
 from tunebench.files import write_text
+from tunebench.format import config_label, fmt, gib, pct, step_times
 from tunebench.record import ResultRecord
-from tunebench.report.format import config_label, fmt, gib, pct, step_times
 from tunebench.units import GIB
 
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import statistics
 
 from tunebench.document import Table
+from tunebench.format import config_label, first_line, fmt, gib, label, p50_ms, pct, step_times
 from tunebench.record import ResultRecord
-from tunebench.report.format import config_label, first_line, fmt, gib, label, p50_ms, pct, step_times
-
-CV_LIMIT = 0.02  # repeats whose throughput varies more than this are flagged as noisy
+from tunebench.report.context import CV_LIMIT
 
 
 def run_table(rec: ResultRecord) -> Table:
     c, m = rec.config, rec.metrics
     gpu = rec.environment.get("gpu", {}).get("name") or rec.environment.get("device", "cpu")
     t = Table(["", ""], title=f"tunebench run {rec.id[:12]}  status: {rec.status}", show_header=False)
-    t.add("workload", f"{c['model']} {c['method']} {c['precision']}  batch {c['batch_size']} x accum "
+    precision = m.precision or c["precision"]
+    if c["precision"] == "auto" and m.precision:
+        precision += " (auto)"
+    t.add("workload", f"{c['model']} {c['method']} {precision}  batch {c['batch_size']} x accum "
                       f"{c['grad_accum']} x seq {c['seq_len']}  opt {c['optimizer']}  ckpt {c['grad_ckpt']}")
     t.add("device", f"{gpu} x {m.world_size}" + (f" on {m.nnodes} nodes" if m.nnodes > 1 else "")
           + f"  strategy {c.get('strategy', 'single')}")
@@ -87,14 +89,15 @@ def scaling_table(records: list[ResultRecord]) -> Table:
     return t
 
 
-def sweep_plan_table(name: str, entries: list, repeats: int) -> Table:
-    """A sweep's expanded configurations, before anything runs (--dry-run)."""
-    t = Table(["#", "name", "model", "method", "strategy", "batch x accum x seq", "precision", "optimizer", "hash"],
-              title=f"suite {name}: {len(entries)} configurations x {repeats} repeats")
+def sweep_plan_table(name: str, entries: list, repeats: int, refused: dict[str, str] | None = None) -> Table:
+    """A sweep's expanded configurations before anything runs (--dry-run), each with its check on this machine."""
+    t = Table(["#", "name", "model", "method", "strategy", "batch x accum x seq", "precision", "optimizer", "hash",
+               "check"], title=f"suite {name}: {len(entries)} configurations x {repeats} repeats")
     for i, e in enumerate(entries, 1):
         c = e.config
         t.add(str(i), e.name, c.model, c.method, c.strategy, f"{c.batch_size} x {c.grad_accum} x {c.seq_len}",
-              c.precision, c.optimizer, c.config_hash())
+              c.precision, c.optimizer, c.config_hash(), "refused: " + refused[e.name] if e.name in (refused or {})
+              else "ok")
     return t
 
 

@@ -29,19 +29,20 @@ class Strategy:
     fused_head: bool = True  # the fused head + loss works (ZeRO-3 gathers the head's weight only in its forward)
     deepspeed: bool = False  # runs through DeepSpeed: needs the package, shards the optimizer itself
 
-    def check(self, cfg: RunConfig, world_size: int) -> None:
-        """Refuse (UserError, one line) what this strategy cannot run, before anything is built."""
+    def check(self, cfg: RunConfig, world_size: int, packages: bool = True) -> None:
+        """Refuse (UserError, one line) what this strategy cannot run, before anything is built.
+        `packages`: also check that the packages it needs are installed here."""
         reason = self.refuses.get(cfg.method)
         if reason:
             raise UserError(f"invalid strategy={self.name} with method={cfg.method}: {reason}")
         if self.one_process and world_size > 1:
-            others = [s for s, st in STRATEGIES.items() if not st.one_process]
+            others = [s for s, st in STRATEGIES.items() if not st.one_process and cfg.method not in st.refuses]
             others = ", ".join(others[:-1]) + " or " + others[-1]
             raise UserError(f"invalid strategy={self.name} with {world_size} processes: use {others}")
         if self.deepspeed and cfg.optimizer in BNB_OPTIMIZERS:
             raise UserError(f"invalid optimizer={cfg.optimizer} with strategy={self.name}: DeepSpeed shards the "
                             "optimizer itself; use adamw or adamw_fused")
-        if self.deepspeed:
+        if self.deepspeed and packages:
             require("deepspeed", f"strategy={self.name}", "pip install --no-build-isolation deepspeed")
 
     def wrap(self, module: Any, blocks: Any, cfg: RunConfig, device: Any, world_size: int) -> Any:
@@ -63,10 +64,6 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              refuses={"qlora": "QLoRA with ZeRO-3 needs bf16 quant storage support, not built yet; use ddp or "
                                "single"}, fused_head=False, deepspeed=True),
 )}
-
-
-def get(name: str) -> Strategy:
-    return STRATEGIES[name]
 
 
 def check_strategy(cfg: RunConfig, world_size: int) -> Strategy:

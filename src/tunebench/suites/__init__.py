@@ -86,7 +86,7 @@ def expand(suite: dict[str, Any], sets: dict[str, Any] | None = None) -> list[En
             label = ", ".join(x for x in [run_name, ", ".join(f"{k}={v}" for k, v in point.items())] if x)
             label = label or f"run {len(entries) + 1}"
             try:
-                cfg = build_config(base | run | point | (sets or {}))
+                cfg = build_config(base | run | point | (sets or {}), RunConfig)
             except UserError as err:
                 raise UserError(f"suite entry '{label}': {err}") from None
             if cfg.config_hash() not in seen:

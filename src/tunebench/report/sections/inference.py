@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from tunebench.document import Figure, Section
+from tunebench.format import fmt
 from tunebench.report import plots
 from tunebench.report.bench import infer_table
 from tunebench.report.context import ReportContext
-from tunebench.report.format import fmt
 
 
 def section(ctx: ReportContext) -> Section | None:

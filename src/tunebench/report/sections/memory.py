@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tunebench.document import Figure, Section, Table
+from tunebench.format import gib
 from tunebench.report import plots
 from tunebench.report.context import ReportContext
-from tunebench.report.format import gib
 
 
 def section(ctx: ReportContext) -> Section | None:

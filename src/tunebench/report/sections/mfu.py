@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tunebench.document import Figure, Section, Table
+from tunebench.format import fmt
 from tunebench.report import plots
 from tunebench.report.context import ReportContext
-from tunebench.report.format import fmt
 
 
 def section(ctx: ReportContext) -> Section | None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import statistics
 
 from tunebench.document import Figure, Section, Table
+from tunebench.format import error_cell, fmt, p50_ms, pct
 from tunebench.report import plots
-from tunebench.report.context import ReportContext
-from tunebench.report.format import error_cell, fmt, p50_ms, pct
-from tunebench.report.views import CV_LIMIT
+from tunebench.report.context import CV_LIMIT, ReportContext
 from tunebench.units import GIB
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tunebench.document import Section
+from tunebench.format import fmt, gib
 from tunebench.report.context import NOISE, ReportContext
-from tunebench.report.format import fmt, gib
 
 ADVICE = {"oom": "it does not fit this GPU; lower the batch or enable grad_ckpt.",
           "timeout": "it did not finish within its time limit.",

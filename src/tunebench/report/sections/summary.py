@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tunebench.document import Section
+from tunebench.format import fmt, gib
 from tunebench.report.context import ReportContext, mean_tps
-from tunebench.report.format import fmt, gib
 
 STATUSES = ("ok", "oom", "failed", "nan", "timeout")
 

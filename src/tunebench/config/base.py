@@ -1,0 +1,110 @@
+"""What every configuration shares: field roles (a run's identity), the hash, YAML, one-line errors.
+
+Everything that can be checked without building a model is checked by the config classes, so bad
+input fails in well under a second with one line naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tunebench.errors import UserError, invalid
+
+# A run's identity, declared once on its fields. Every field is part of the workload unless marked:
+#   launch:      where and how it runs (tags, rendezvous, timeouts): left out of the config hash;
+#   measurement: how it is measured (seed, steps, device): in the hash, but not a lever a report compares.
+# The config hash (sweep resume, compare, report grouping) and the report's levers derive from this.
+LAUNCH = {"role": "launch"}
+MEASUREMENT = {"role": "measurement"}
+
+
+def fields_with_role(cls: type[BaseModel], *roles: str) -> set[str]:
+    return {n for n, f in cls.model_fields.items() if (f.json_schema_extra or {}).get("role") in roles}
+
+
+def identity(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """The part of a config (as a dict) that says what the workload is: launch fields removed."""
+    launch = fields_with_role(cls, "launch")
+    return {k: v for k, v in data.items() if k not in launch}
+
+
+def not_levers(cls: type[BaseModel]) -> set[str]:
+    """Fields two configurations may differ in without being different experiments."""
+    return fields_with_role(cls, "launch", "measurement")
+
+
+def config_hash(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_bytes(v: Any) -> Any:
+    """'32K', '1M', '1G' (binary, as nccl-tests reads -b/-e) or a plain integer number of bytes."""
+    if isinstance(v, str):
+        t = v.strip().upper().removesuffix("IB").removesuffix("B")
+        unit = t[-1:] if t[-1:] in UNITS else ""
+        if not t[: len(t) - len(unit)].isdigit():
+            raise ValueError(f"{v!r} is not a size (use bytes or a number with K, M or G)")
+        return int(t[: len(t) - len(unit)]) * UNITS[unit]
+    return v
+
+
+def listify(v: Any) -> Any:
+    """A list from YAML, a repeated flag, or one comma-separated string ('bf16,nf4', '1,8,32')."""
+    if isinstance(v, str):
+        return [x.strip() for x in v.split(",") if x.strip()]
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        return [y.strip() for x in v for y in x.split(",") if y.strip()]
+    return v
+
+
+def _one_line(err: ValidationError, raw: dict[str, Any], fields: tuple[str, ...]) -> str:
+    """Turn pydantic's multi-line report into one line naming field, value and what is allowed."""
+    e = err.errors()[0]
+    loc = [p for p in e["loc"] if not isinstance(p, int)]  # a list item's index is not a field
+    field = ".".join(str(p) for p in loc) or "config"
+    if e["type"] == "extra_forbidden":
+        return f"unknown key {field!r} (allowed keys: {', '.join(fields)})"
+    msg = e["msg"].removeprefix("Value error, ")
+    if not e["loc"]:  # model-level check: the message already names the fields
+        return f"invalid config: {msg}"
+    return str(invalid(field, raw.get(field, e.get("input")), msg))
+
+
+def build_config(data: dict[str, Any], cls: type[BaseModel]) -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise UserError(_one_line(err, data, tuple(cls.model_fields))) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"config file {str(p)!r} is not valid YAML{where}") from None
+    if data is None:
+        raise UserError(f"config file {str(p)!r} is empty: give at least one key, or leave the file out")
+    if not isinstance(data, dict):
+        raise UserError(f"config file {str(p)!r} must hold a mapping of keys to values, not {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path | None, cls: type[BaseModel], **overrides: Any) -> Any:
+    """YAML file (optional) with keyword overrides laid over it; overrides set to None are ignored."""
+    data = read_yaml(path) if path else {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return build_config(data, cls)

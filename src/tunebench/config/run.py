@@ -1,0 +1,117 @@
+"""RunConfig: one training benchmark. Field names are the YAML keys; CLI flags are the same with dashes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tunebench.config.base import LAUNCH, MEASUREMENT, config_hash, identity
+
+Method = Literal["full", "lora", "qlora"]
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit"]
+Strategy = Literal["single", "ddp", "fsdp", "zero2", "zero3"]  # tunebench.strategies registers each
+BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
+# Far beyond any real run, and small enough that nothing downstream overflows or preallocates absurdly.
+MAX_BATCH, MAX_SEQ, MAX_STEPS, MAX_TOKENS_PER_STEP = 2**16, 2**21, 10**9, 2**31
+
+
+class RunConfig(BaseModel):
+    """One training benchmark. Field names are the YAML keys; CLI flags are the same with dashes."""
+
+    # inf and NaN are refused for every float (a learning rate of inf is no configuration)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    model: str = Field("tiny-llama", description="preset name or local Hugging Face model directory")
+    method: Method = "full"
+    lora_rank: int = Field(16, gt=0, le=MAX_BATCH)
+    lora_alpha: float = Field(32.0, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_targets: list[str] = Field(default_factory=lambda: ["all-linear"])
+    quant: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+    quant_compute_dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    precision: Precision = Field("auto", description="auto: bf16 on GPUs, fp32 on the CPU (where bf16 is slow)")
+    batch_size: int = Field(1, gt=0, le=MAX_BATCH, description="micro-batch per device")
+    grad_accum: int = Field(1, gt=0, le=MAX_BATCH)
+    seq_len: int = Field(512, gt=0, le=MAX_SEQ)
+    steps: int = Field(20, gt=0, le=MAX_STEPS, description="optimizer steps in total, warmup included",
+                       json_schema_extra=MEASUREMENT)
+    warmup: int = Field(10, ge=0, description="steps run first and never timed", json_schema_extra=MEASUREMENT)
+    optimizer: Optimizer = "adamw"
+    lr: float = Field(2e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="max grad norm; 0 disables clipping")
+    grad_ckpt: bool = False
+    attn: Literal["sdpa", "eager", "flash"] = "sdpa"
+    compile: bool = False
+    seed: int = Field(0, json_schema_extra=MEASUREMENT)
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", json_schema_extra=MEASUREMENT)
+    strategy: Strategy = "single"
+    nproc_per_node: int | None = Field(None, gt=0, le=1024, description="processes per node (default: all visible "
+                                                                        "GPUs; 1 on CPU)")
+    nnodes: int = Field(1, gt=0, le=100_000)
+    node_rank: int = Field(0, ge=0, json_schema_extra=LAUNCH)
+    rdzv_endpoint: str | None = Field(None, description="HOST:PORT of the c10d rendezvous (multi-node)",
+                                      json_schema_extra=LAUNCH)
+    rdzv_id: str | None = Field(None, description="rendezvous id shared by all nodes (default from the config)",
+                                json_schema_extra=LAUNCH)
+    timeout: float = Field(600.0, gt=0, description="collective timeout in seconds: a dead or stuck rank fails "
+                                                    "the run after this", json_schema_extra=LAUNCH)
+    run_timeout: float | None = Field(None, gt=0, description="wall-clock limit in seconds for the whole run (every "
+                                                              "rank); then status timeout", json_schema_extra=LAUNCH)
+    tag: list[str] = Field(default_factory=list, description="free-text labels stored with the record",
+                           json_schema_extra=LAUNCH)
+    telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) over the "
+                                              "timed steps on GPUs", json_schema_extra=LAUNCH)
+    fault: str | None = Field(None, pattern=r"^(abort|hang|raise)@\d+$",
+                              description="testing the harness only: abort@STEP, hang@STEP or raise@STEP")
+
+    @field_validator("lora_targets", "tag", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("lora_targets")
+    @classmethod
+    def _targets(cls, v: list[str]) -> list[str]:
+        if not v or any(not t.strip() or t != t.strip() for t in v):
+            raise ValueError("every target must be a module name such as q_proj (or all-linear)")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        if self.steps <= self.warmup:
+            raise ValueError(f"steps={self.steps} must be greater than warmup={self.warmup} "
+                             "(warmup steps are not timed)")
+        if self.batch_size * self.seq_len * self.grad_accum > MAX_TOKENS_PER_STEP:
+            raise ValueError(f"batch_size x seq_len x grad_accum = {self.batch_size * self.seq_len * self.grad_accum:,}"
+                             f" tokens per step is above the limit of {MAX_TOKENS_PER_STEP:,}")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} must be below nnodes={self.nnodes}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError(f"nnodes={self.nnodes} needs rdzv_endpoint=HOST:PORT (the rendezvous on the first node)")
+        if self.rdzv_endpoint and not _is_endpoint(self.rdzv_endpoint):
+            raise ValueError(f"rdzv_endpoint={self.rdzv_endpoint} must be HOST:PORT")
+        return self
+
+    @property
+    def distributed(self) -> bool:
+        """Runs under torchrun: any strategy but single, or more than one process."""
+        return self.strategy != "single" or (self.nproc_per_node or 1) > 1 or self.nnodes > 1
+
+    def resolved(self, device_type: str) -> RunConfig:
+        """A copy with 'auto' choices made for the device: precision bf16 on GPUs, fp32 on the CPU."""
+        if self.precision != "auto":
+            return self
+        return self.model_copy(update={"precision": "bf16" if device_type == "cuda" else "fp32"})
+
+    def config_hash(self) -> str:
+        """Identity of the workload (launch fields excluded), used to match results across sweeps."""
+        return config_hash(identity(type(self), self.model_dump()))
+
+
+def _is_endpoint(s: str) -> bool:
+    host, _, port = s.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536

@@ -1,0 +1,68 @@
+"""Command-line flags made from the config models, shared by the CLI and by `deploy` (which checks the
+`tunebench run ...` it is asked to deploy exactly as `run` would parse it)."""
+
+from __future__ import annotations
+
+import argparse
+import types
+from typing import Any, NoReturn, Union, get_args, get_origin
+
+from pydantic import BaseModel
+
+from tunebench.config import RunConfig, load_config
+from tunebench.errors import UserError
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line and exit 2, no usage dump
+        raise UserError(message)
+
+
+def _is_list(annotation: object) -> bool:
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(_is_list(a) for a in get_args(annotation))
+    return get_origin(annotation) is list
+
+
+def add_config_flags(p: argparse.ArgumentParser, cls: type[BaseModel] = RunConfig) -> None:
+    """One flag per config field, same name with dashes; None means 'not given' so YAML keeps its value."""
+    for name, field in cls.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_ = field.description or ""
+        if field.annotation is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        elif _is_list(field.annotation):
+            p.add_argument(flag, dest=name, action="append", default=None, help=help_ + " (repeatable)")
+        else:
+            p.add_argument(flag, dest=name, default=None, help=f"{help_} (default {field.default})".strip())
+
+
+def add_store(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default=None, help="results database (default $TUNEBENCH_STORE or "
+                                                  "./tunebench-results/results.db)")
+
+
+def add_run_options(run: argparse.ArgumentParser) -> None:
+    """`tunebench run`'s arguments: a YAML config, every RunConfig key as a flag, and what to do with the record."""
+    run.add_argument("config", nargs="?", help="YAML run config; flags override its keys")
+    add_config_flags(run)
+    run.add_argument("--gpus", help="scaling: run the same per-GPU config at each of these world sizes "
+                                    "(e.g. 1,2,4; processes on CPU) and report speedup and efficiency")
+    run.add_argument("--json", action="store_true", help="print the record as JSON on stdout")
+    run.add_argument("--no-store", action="store_true", help="do not write the record to the store")
+    run.add_argument("--print-result", action="store_true", help="also print the record between markers "
+                                                                 "(for logs: tunebench collect reads them)")
+    add_store(run)
+
+
+def config_from(args: argparse.Namespace, cls: type[BaseModel] = RunConfig, **fixed: Any) -> Any:
+    """The validated config of parsed arguments: the YAML file, the flags over it, then `fixed` over both."""
+    overrides = {name: getattr(args, name, None) for name in cls.model_fields} | fixed
+    return load_config(getattr(args, "config", None), cls, **overrides)
+
+
+def parse_run(argv: list[str]) -> argparse.Namespace:
+    """`run ...` arguments as `tunebench run` parses them (without running anything)."""
+    p = Parser(prog="tunebench run", add_help=False)
+    add_run_options(p)
+    return p.parse_args(argv)
