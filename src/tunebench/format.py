@@ -40,6 +40,11 @@ def error_cell(rec: ResultRecord, limit: int = 80, last: bool = False) -> str:
     return first_line(rec.error, limit, last) if rec.status != "ok" else ""
 
 
+def per_device(rec: ResultRecord) -> str:
+    """What a run's devices are called: GPU on GPUs, process on the CPU."""
+    return "GPU" if rec.environment.get("device") == "cuda" else "process"
+
+
 def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None = None) -> str:
     """A run's name from its config: model, method, strategy, world size, batch x accumulation, sequence."""
     if kind == "infer":

@@ -175,7 +175,7 @@ class LoadMetrics(BaseModel):
     peak_mem_allocated_bytes: int | None = None  # during the load (quantization needs transient room)
     peak_mem_reserved_bytes: int | None = None
     nvml_mem_used_bytes: int | None = None
-    rss_delta_bytes: int | None = None  # host memory the process grew by (what a CPU load costs)
+    rss_delta_bytes: int | None = None  # host memory the process grew by (on the CPU: after every weight was read)
     peak_rss_bytes: int | None = None
     params_total: int | None = None
     weights: str | None = None  # 'safetensors' (local directory) or 'random' (preset written to a temp dir)

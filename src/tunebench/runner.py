@@ -18,25 +18,30 @@ from dataclasses import dataclass, field
 import torch
 
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
+from tunebench.console import say
 from tunebench.console.progress import ProgressFn
 from tunebench.dist import SINGLE, DistContext
 from tunebench.engine.data import SyntheticTokens
 from tunebench.engine.loop import LoopResult, run_loop
 from tunebench.engine.loss import is_fusable
-from tunebench.engine.model import CausalLMWithLoss, transformer_blocks, unwrap
+from tunebench.engine.model import CausalLMWithLoss, count_params, transformer_blocks, unwrap
 from tunebench.engine.step import optimizer_step_fn
 from tunebench.environment import environment
-from tunebench.errors import invalid, require
+from tunebench.errors import UserError, invalid, require
 from tunebench.methods import apply_method, check_targets
 from tunebench.metrics.aggregate import combine_ranks, rank_figures
 from tunebench.metrics.flops import FlopsPerToken, flops_per_token, peak_flops
-from tunebench.metrics.memory import peak_memory, release, reset_peak
+from tunebench.metrics.memory import available_host_bytes, peak_memory, release, reset_peak
 from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import build_model, load_meta_model, resolve_model
+from tunebench.models.count import counts, training_floor_bytes
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import RankFigures, ResultRecord
 from tunebench.status import failure
 from tunebench.strategies import check_strategy
+from tunebench.units import GIB
+
+BIG_ON_CPU = 500_000_000  # parameters: above this a CPU run is announced and its build shows progress
 
 
 def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
@@ -61,9 +66,45 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
         require("bitsandbytes", f"optimizer={cfg.optimizer}")
     if cfg.attn == "flash":
         require("flash_attn", "attn=flash")
+    if device.type == "cpu":
+        _check_host_memory(cfg, spec, nproc)
     if cfg.method != "full":
         check_targets(load_meta_model(spec, cfg), cfg.lora_targets)  # meta: no memory, no weights
     return Plan(cfg, device, spec, world, strategy, requested)
+
+
+def _check_host_memory(cfg: RunConfig, spec, nproc: int) -> None:
+    """On the CPU everything lives in host memory: refuse what cannot fit before building anything."""
+    c, free = counts(spec), available_host_bytes()
+    if c is None or free is None:
+        return
+    need = training_floor_bytes(c, cfg.method, cfg.precision, cfg.optimizer) * nproc
+    if need > free:
+        raise UserError(f"{cfg.model} {cfg.method} on the CPU needs at least {need / GIB:.1f} GiB of host memory "
+                        f"({c.total / 1e9:.2f} B parameters: weights, gradients and optimizer state, x {nproc} "
+                        f"process(es)) and {free / GIB:.1f} GiB is available; use a GPU or a smaller model")
+
+
+def cpu_note(plan: Plan) -> str | None:
+    """What a user should know before a big model trains on the CPU (None when it is small or on a GPU)."""
+    c = counts(plan.spec)
+    if plan.device.type != "cpu" or c is None or c.total < BIG_ON_CPU:
+        return None
+    need = training_floor_bytes(c, plan.cfg.method, plan.cfg.precision, plan.cfg.optimizer)
+    return (f"{plan.cfg.model} {plan.cfg.method} on the CPU: {c.total / 1e9:.2f} B parameters, at least "
+            f"{need / GIB:.1f} GiB of host memory; building takes minutes and each step can take minutes too")
+
+
+def _build_progress(name: str) -> Callable[[float], None]:
+    """Lines on stderr while a big model is built (every tenth of its parameters)."""
+    shown = [0]
+
+    def show(fraction: float) -> None:
+        if int(fraction * 10) > shown[0]:
+            shown[0] = int(fraction * 10)
+            say(f"{name}: built {shown[0] * 10}% of the parameters")
+
+    return show
 
 
 @dataclass
@@ -81,7 +122,9 @@ class _Outcome:
 def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | None, ctx: DistContext) -> None:
     # In its own frame so that the model and optimizer are freed as soon as it returns or raises.
     cfg, spec, device, strategy = plan.cfg, plan.spec, plan.device, plan.strategy
-    model, out.weights = build_model(spec, cfg, device)
+    n = counts(spec)
+    big = device.type == "cpu" and n is not None and n.total >= BIG_ON_CPU
+    model, out.weights = build_model(spec, cfg, device, progress=_build_progress(spec.name) if big else None)
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = apply_method(model, cfg)
@@ -91,8 +134,7 @@ def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | Non
     if cfg.compile:
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times
             block.compile()
-    out.params_total = sum(p.numel() for p in model.parameters())
-    out.params_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    out.params_total, out.params_trainable = count_params(model)
     # Counted before the strategy shards anything (ZeRO-3 leaves empty partitions behind).
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
                                 cfg.grad_ckpt, head_recompute=not (strategy.fused_head and is_fusable(head)))

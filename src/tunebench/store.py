@@ -7,6 +7,7 @@ row this version cannot read (a newer schema, a damaged record) is skipped and c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -63,12 +64,23 @@ def _refuse_special(path: Path) -> None:
 
 def check_store(path: str | Path) -> None:
     """Open (creating it if needed) and write-lock the store now, so that a bad path fails before any work."""
+    with held_store(path):
+        pass
+
+
+@contextlib.contextmanager
+def held_store(path: str | Path | None) -> Iterator[Store | None]:
+    """The store checked for writing and held open for the block (a run's whole length), or None without one."""
+    if not path:
+        yield None
+        return
     with Store(path) as s:
         try:
             s.conn.execute("BEGIN IMMEDIATE")  # needs write access: a read-only file fails here, not at the end
             s.conn.execute("ROLLBACK")
         except sqlite3.OperationalError as err:
             raise UserError(f"invalid store={path}: cannot be written ({err})") from None
+        yield s
 
 
 class Store:

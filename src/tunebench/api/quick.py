@@ -28,12 +28,13 @@ def quick_configs(device: str = "auto") -> list[RunConfig]:
 def quick(device: str, store: str | Path, out: str | Path,
           on_start: Callable[[int, int, RunConfig], None] | None = None) -> tuple[list[ResultRecord], list[Path]]:
     """Run the quick configurations (stored one by one) and write their report into `out`."""
-    from tunebench.report.build import write_report
+    from tunebench.report.build import prepare_out, write_report
     from tunebench.report.cost import load_prices
 
     configs = quick_configs(device)
     for c in configs:
         preflight(c)  # refuse bad input before the first run starts
+    prepare_out(Path(out))  # and a report folder that is not ours to write
     records = []
     for i, c in enumerate(configs):
         if on_start:

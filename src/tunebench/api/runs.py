@@ -11,7 +11,7 @@ from tunebench.launch import Launcher, launcher_for
 from tunebench.launch.isolated import Isolated
 from tunebench.record import ResultRecord
 from tunebench.runner import preflight
-from tunebench.store import check_store
+from tunebench.store import check_store, held_store
 
 
 def _launcher(cfg: RunConfig, given: Launcher | None, progress: bool) -> Launcher:
@@ -30,9 +30,8 @@ def run(cfg: RunConfig, store: str | Path | None = None, *, launcher: Launcher |
     and saved to `store` if given. None only on a node whose launcher did not hold rank 0.
     `progress`: show it on stderr (torchrun's ranks always log their progress lines)."""
     plan = preflight(cfg)  # all input checks happen before any model is built or any process starts
-    if store:
-        check_store(store)
-    rec = _launcher(cfg, launcher, progress).launch(cfg, plan)
+    with held_store(store):  # checked now, and held open while the run goes on
+        rec = _launcher(cfg, launcher, progress).launch(cfg, plan)
     return None if rec is None else finalize(rec, store, sweep_id)
 
 

@@ -53,6 +53,8 @@ def plan_sweep(suite: str, sets: dict[str, Any] | None = None, repeats: int | No
 
 def resume_plan(store: str | Path, sweep_id: str, repeats: int | None = None) -> SweepPlan:
     """A registered sweep, as it was defined (the repeats may be raised)."""
+    if not Path(store).is_file():
+        raise UserError(f"no sweep with id {sweep_id!r} in {store}: there is no results store there")
     with Store(store, create=False) as s:
         name, entries, registered = from_definition(s.sweep(sweep_id))
     return SweepPlan(sweep_id, name, entries, _repeats(repeats, registered))

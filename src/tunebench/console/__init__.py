@@ -5,18 +5,25 @@ Only presentation lives here; what a table says is built in tunebench.report (vi
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import TextIO
 
 from tunebench.document import Table
 
+NUMBER = re.compile(r"[-+~$±]?[\d.,]+(e[-+]?\d+)?( ?(%|x|GiB|ms|s|h|C|W|MHz|\(!\)))*|-|[0-9a-f]{12,16}")
+
 
 def rich_table(table: Table):
+    """A rich table; columns of figures never wrap or shrink (text columns give way first)."""
     from rich.table import Table as RichTable
 
     t = RichTable(title=table.title or None, show_header=table.show_header, title_justify="left")
     for i, h in enumerate(table.header):
-        t.add_column(h, style="bold" if not table.show_header and i == 0 else None)
+        cells = [row[i] for row in table.rows if i < len(row)]
+        figures = bool(cells) and all(NUMBER.fullmatch(c.strip()) for c in cells)
+        t.add_column(h, style="bold" if not table.show_header and i == 0 else None, no_wrap=figures,
+                     min_width=max(len(c) for c in cells) if figures else None, overflow="fold")
     for row in table.rows:
         t.add_row(*row)
     return t

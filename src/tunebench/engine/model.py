@@ -13,6 +13,18 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def _numel(p: torch.Tensor) -> int:
+    """Parameters a tensor stands for: a packed 4-bit weight counts its unpacked shape, as LoRA's base does."""
+    qs = getattr(p, "quant_state", None)
+    return int(torch.Size(qs.shape).numel()) if qs is not None and getattr(qs, "shape", None) else p.numel()
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """(every parameter, the trainable ones), each tied tensor once."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    return sum(_numel(p) for p in params), sum(_numel(p) for p in params if p.requires_grad)
+
+
 def transformer_blocks(model: nn.Module, num_layers: int) -> nn.ModuleList:
     """The list of decoder blocks (Llama/Mistral `layers`, GPT-2 `h`), found by its length."""
     for mod in unwrap(model).base_model.modules():

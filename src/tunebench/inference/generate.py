@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from tunebench.config import InferConfig
+from tunebench.engine.model import count_params
 from tunebench.environment import environment
 from tunebench.errors import invalid
 from tunebench.inference import recorded, require_bitsandbytes, weights_for
@@ -106,7 +107,7 @@ def _measure(cfg: InferConfig, spec: ModelSpec, model, step, precision: str, bat
              device: torch.device, env: dict, log: Log) -> ResultRecord:
     config, h = cfg.record_config(precision=precision, batch_size=batch)
     m = InferMetrics(batch_size=batch, prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens, weights=source,
-                     model_bytes=model.get_memory_footprint(), params_total=sum(p.numel() for p in model.parameters()))
+                     model_bytes=model.get_memory_footprint(), params_total=count_params(model)[0])
     rec = ResultRecord(kind="infer", config=config, config_hash=h, environment=env, tags=cfg.tag, metrics=m)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     sampler = None

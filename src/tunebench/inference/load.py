@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from tunebench.config import LoadConfig
+from tunebench.engine.model import count_params
 from tunebench.environment import environment
 from tunebench.errors import invalid
 from tunebench.files import write_text
@@ -133,7 +134,10 @@ def _load_one(cfg: LoadConfig, spec: ModelSpec, path: Path, files: list[Path], d
         m.telemetry = sampler.stop() if sampler else None
         m.read_gbps = disk / m.load_s / 1e9
         m.model_bytes = model.get_memory_footprint()
-        m.params_total = sum(p.numel() for p in model.parameters())
+        m.params_total = count_params(model)[0]
+        if device.type == "cpu":  # safetensors maps the file: pages join the RSS only once read, so read them
+            for p in model.parameters():
+                torch.sum(p.data)
         rss1 = current_rss_bytes()
         m.rss_delta_bytes = rss1 - rss0 if rss0 is not None and rss1 is not None else None
         if device.type == "cuda":

@@ -9,10 +9,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from tunebench.config import RunConfig
+from tunebench.console import say
 from tunebench.console.progress import ProgressFn
 from tunebench.preflight import Plan
 from tunebench.record import ResultRecord
-from tunebench.runner import execute, preflight
+from tunebench.runner import cpu_note, execute, preflight
 
 
 @dataclass
@@ -22,6 +23,8 @@ class InProcess:
     def launch(self, cfg: RunConfig, plan: Plan | None = None) -> ResultRecord:
         started = time.perf_counter()
         plan = plan or preflight(cfg)
+        if self.progress and (note := cpu_note(plan)):
+            say(note)
         with (self.progress or _silent)(cfg) as progress:
             return execute(plan, progress, started)
 

@@ -48,6 +48,18 @@ def current_rss_bytes() -> int | None:
         return None
 
 
+def available_host_bytes() -> int | None:
+    """Memory the kernel says a new allocation can get without swapping (Linux MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def release(device: torch.device) -> None:
     """Free what the last model left: Python garbage, then the allocator's cached blocks."""
     gc.collect()

@@ -11,6 +11,7 @@ Training and inference describe what they want as ``Weights``; ``build`` does th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -109,11 +110,14 @@ def _new_param(module: nn.Module, pname: str, meta: nn.Parameter, device: torch.
     return nn.Parameter(t, requires_grad=meta.requires_grad)
 
 
-def _materialize(model: PreTrainedModel, w: Weights, device: torch.device) -> None:
-    """Create every meta parameter on the device, quantizing layers one at a time."""
+def _materialize(model: PreTrainedModel, w: Weights, device: torch.device,
+                 progress: Callable[[float], None] | None = None) -> None:
+    """Create every meta parameter on the device, quantizing layers one at a time; `progress(fraction)` as it goes."""
     std = getattr(model.config, "initializer_range", 0.02)
     gen = torch.Generator(device=device).manual_seed(w.seed)
     done: dict[int, nn.Parameter] = {}  # tied weights (embeddings / lm_head) are created once
+    total = sum(p.numel() for p in model.parameters()) or 1
+    made = 0
     for module in model.modules():
         for pname, p in list(module.named_parameters(recurse=False)):
             if p.device.type != "meta":
@@ -127,6 +131,9 @@ def _materialize(model: PreTrainedModel, w: Weights, device: torch.device) -> No
                 new = _new_param(module, pname, p, device, w.dtype, std, gen)
             done[id(p)] = new
             setattr(module, pname, new)
+            made += p.numel()
+            if progress:
+                progress(made / total)
     model.to(device)  # the buffers (rotary tables) that were kept real on the CPU
     avoid_cpu_repack(model)
 
@@ -178,17 +185,19 @@ def from_pretrained(path, w: Weights, device: torch.device) -> PreTrainedModel:
     return model
 
 
-def build(spec: ModelSpec, w: Weights, device: torch.device) -> tuple[PreTrainedModel, str]:
+def build(spec: ModelSpec, w: Weights, device: torch.device,
+          progress: Callable[[float], None] | None = None) -> tuple[PreTrainedModel, str]:
     """The model on `device`, and where its weights came from ('random' or 'safetensors')."""
     if spec.has_weights:
         return from_pretrained(spec.path, w, device), "safetensors"
     model = load_meta_model(spec, w)
     if w.quant:
         _replace_with_quantized(model, w)
-    _materialize(model, w, device)
+    _materialize(model, w, device, progress)
     return model, "random"
 
 
-def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> tuple[PreTrainedModel, str]:
+def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device,
+                progress: Callable[[float], None] | None = None) -> tuple[PreTrainedModel, str]:
     """The training model of a run configuration on `device`."""
-    return build(spec, train_weights(cfg.resolved(device.type)), device)
+    return build(spec, train_weights(cfg.resolved(device.type)), device, progress)

@@ -26,9 +26,15 @@ class ReportContext:
     def __post_init__(self) -> None:
         self.train = [r for r in self.records if r.kind == "train"]
         self.ok = [r for r in self.train if r.status == "ok" and r.metrics.tokens_per_s]
-        self.groups: dict[str, list[ResultRecord]] = {}
+        # Repeats are runs of one configuration in one environment: the same config on another GPU, or
+        # with another torch or tunebench, is another group (never averaged together).
+        self.groups: dict[tuple, list[ResultRecord]] = {}
         for r in self.train:
-            self.groups.setdefault(r.config_hash, []).append(r)
+            self.groups.setdefault((r.config_hash, environment_key(r)), []).append(r)
+        self.configs = len({h for h, _ in self.groups})
+        self._envs: dict[str, int] = {}
+        for h, _ in self.groups:
+            self._envs[h] = self._envs.get(h, 0) + 1
         self.costs: dict[str, Cost | None] = {r.id: cheapest(r, self.prices, job_samples=self.job_samples)
                                               for r in self.ok}
         self.spot = {r.id: cheapest(r, self.prices, spot=True, job_samples=self.job_samples) for r in self.ok}
@@ -38,7 +44,12 @@ class ReportContext:
                      if r.kind == "hw" and r.metrics.mamf_dtype == "bf16" and r.metrics.mamf_tflops}
 
     def label(self, rec: ResultRecord) -> str:
-        return label(rec, self.names)
+        """The run's label; where its configuration ran in several environments, the environment is added."""
+        base = label(rec, self.names)
+        if self._envs.get(rec.config_hash, 1) > 1:
+            device, torch_v, tb = environment_key(rec)
+            base += f" [{device}, torch {torch_v}, tunebench {tb}]"
+        return base
 
     def kind(self, kind: str) -> list[ResultRecord]:
         return [r for r in self.records if r.kind == kind]
@@ -47,11 +58,28 @@ class ReportContext:
         """A configuration's name against the baseline: its sweep name, or what differs from the baseline."""
         return self.names.get(rs[0].config_hash) or lever_name(diff(self.baseline[0].config, rs[0].config))
 
-    def effects(self) -> list[tuple[list[ResultRecord], float | None]]:
-        """Each configuration other than the baseline with its tokens/s change (None: it never ran ok)."""
+    def effects(self) -> list[tuple[list[ResultRecord], float | None, float]]:
+        """Each group other than the baseline: its tokens/s change (None: it never ran ok), and the noise
+        that change has to exceed to count (5%, or twice the larger spread of repeats, whichever is more)."""
         b_tps = mean_tps(self.baseline)
-        return [(rs, None if (tps := mean_tps(rs)) is None else tps / b_tps - 1)
+        return [(rs, None if (tps := mean_tps(rs)) is None else tps / b_tps - 1,
+                 max(NOISE, 2 * cv(rs), 2 * cv(self.baseline)))
                 for rs in self.groups.values() if rs is not self.baseline]
+
+
+def environment_key(r: ResultRecord) -> tuple[str, str, str]:
+    """Where a run ran, as far as its speed goes: the device, torch, and tunebench's commit (or version)."""
+    env = r.environment
+    device = env.get("gpu", {}).get("name") or env.get("cpu", {}).get("model") or env.get("device") or "?"
+    tb = env.get("tunebench", {})
+    return (str(device), str(env.get("versions", {}).get("torch")),
+            str((tb.get("git_commit") or "")[:8] or tb.get("version")))
+
+
+def cv(rs: list[ResultRecord]) -> float:
+    """The coefficient of variation of a group's ok throughputs (0 with fewer than two)."""
+    t = [r.metrics.tokens_per_s for r in rs if r.status == "ok" and r.metrics.tokens_per_s]
+    return statistics.stdev(t) / statistics.fmean(t) if len(t) > 1 else 0.0
 
 
 def mean_tps(rs: list[ResultRecord]) -> float | None:

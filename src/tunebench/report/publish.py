@@ -8,22 +8,30 @@ from pathlib import Path
 import yaml
 
 from tunebench.files import write_text
-from tunebench.format import config_label, fmt, gib, pct, step_times
+from tunebench.format import config_label, fmt, gib, pct, per_device, step_times
 from tunebench.record import ResultRecord
-from tunebench.units import GIB
 
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:80] or "run"
 
 
+def _hardware(rec: ResultRecord) -> list[str]:
+    env, m = rec.environment, rec.metrics
+    gpu = env.get("gpu", {})
+    if not gpu.get("name"):
+        return [f"- no GPU: {m.world_size} process(es) on the CPU ({m.nnodes} node(s))"]
+    return [f"- GPU: {gpu['name']} × {m.world_size} ({m.nnodes} node(s)), {gib(gpu.get('memory_bytes'), '.0f')} "
+            f"each, compute capability {gpu.get('capability')}",
+            f"- driver {env.get('driver')}, CUDA {env.get('cuda')}"]
+
+
 def publish(rec: ResultRecord, out: Path, name: str | None = None) -> Path:
     c, m, env = rec.config, rec.metrics, rec.environment
-    gpu = env.get("gpu", {})
     title = name or config_label(c, rec.kind, m.world_size)
     figures = [
         ("status", rec.status), ("tokens/s (global)", fmt(m.tokens_per_s)),
-        ("tokens/s per GPU", fmt(m.tokens_per_s_per_gpu)), ("samples/s", fmt(m.samples_per_s, ",.3f")),
+        (f"tokens/s per {per_device(rec)}", fmt(m.tokens_per_s_per_gpu)), ("samples/s", fmt(m.samples_per_s, ",.3f")),
         ("step time p50 / p90 / p99", step_times(m.step_time_s)),
         ("peak memory allocated / reserved", f"{gib(m.peak_mem_allocated_bytes)} / {gib(m.peak_mem_reserved_bytes)}"),
         ("MFU / HFU", f"{pct(m.mfu)} / {pct(m.hfu)}"),
@@ -40,9 +48,7 @@ def publish(rec: ResultRecord, out: Path, name: str | None = None) -> Path:
                                                                         if rec.error else ""), "",
         "## Figures", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in figures], "",
         "## Hardware", "",
-        f"- GPU: {gpu.get('name') or 'none (CPU)'} × {m.world_size} ({m.nnodes} node(s)), "
-        f"{(gpu.get('memory_bytes') or 0) / GIB:.0f} GiB each, compute capability {gpu.get('capability')}",
-        f"- driver {env.get('driver')}, CUDA {env.get('cuda')}",
+        *_hardware(rec),
         f"- CPU: {env.get('cpu', {}).get('model')} ({env.get('cpu', {}).get('cores')} cores), "
         f"host {env.get('host', {}).get('hostname')}", "",
         "## Software", "", *[f"- {k} {v}" for k, v in versions.items() if v],

@@ -77,10 +77,10 @@ def compare_table(records: list[ResultRecord], title: str = "comparison") -> Tab
 def scaling_table(records: list[ResultRecord]) -> Table:
     """Speedup and scaling efficiency (tokens/s(N) / (N x tokens/s(1))) per world size."""
     c = records[0].config if records else {}
-    t = Table(["world size", "status", "tokens/s", "per GPU", "step p50 ms", "peak alloc", "MFU", "speedup",
+    t = Table(["world size", "status", "tokens/s", "per device", "step p50 ms", "peak alloc", "MFU", "speedup",
                "efficiency"], title=f"scaling: {c.get('model')} {c.get('method')} {c.get('strategy')}, batch "
                                     f"{c.get('batch_size')} x accum {c.get('grad_accum')} x seq {c.get('seq_len')} "
-                                    "per GPU")
+                                    "per device")
     for r in records:
         m, s = r.metrics, r.metrics.scaling
         t.add(str(m.world_size), r.status, fmt(m.tokens_per_s), fmt(m.tokens_per_s_per_gpu), p50_ms(m.step_time_s),

@@ -55,7 +55,10 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"invalid --set {item!r}: expected key=value")
-        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        try:
+            out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"invalid --set {item!r}: the value is not valid YAML") from None
     return out
 
 

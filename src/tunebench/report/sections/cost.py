@@ -9,12 +9,13 @@ from tunebench.report.context import ReportContext
 
 def section(ctx: ReportContext) -> Section | None:
     priced = [r for r in ctx.ok if ctx.costs[r.id]]
+    gpus = sorted({g for r in ctx.ok if not ctx.costs[r.id] and (g := r.environment.get("gpu", {}).get("name"))})
+    cpu = any(not r.environment.get("gpu", {}).get("name") for r in ctx.ok)
+    notes = (["CPU runs have no GPU price, so they have no cost here."] if cpu else []) + (
+        [f"No price in the price sheet matches {', '.join(gpus)}; pass --prices FILE with an offering for it."]
+        if gpus else [])
     if not priced:
-        if not ctx.ok:
-            return None
-        devices = sorted({r.environment.get("gpu", {}).get("name") or "cpu" for r in ctx.ok})
-        return Section("Cost", ["No price in the price sheet matches these runs' devices "
-                                f"({', '.join(devices)}); pass --prices FILE with an offering for them."])
+        return Section("Cost", notes) if notes else None
     t = Table(["configuration", "cheapest on-demand", "$/hour (all GPUs)", "$/1K samples", "$/1M tokens",
                "tokens per $", f"job of {ctx.job_samples:,} samples", "same job on spot"])
     for r in priced:
@@ -28,4 +29,4 @@ def section(ctx: ReportContext) -> Section | None:
         + f" ({o.source}, {o.date})" for o in sorted(used, key=lambda o: o.name)) + "."])
     if (p := plots.cost([(ctx.label(r), ctx.costs[r.id].per_1m_tokens) for r in priced], ctx.out)):
         s.add(Figure(p))
-    return s
+    return s.add(*notes)

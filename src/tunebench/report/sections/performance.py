@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import statistics
-
 from tunebench.document import Figure, Section, Table
 from tunebench.format import error_cell, fmt, p50_ms, pct
 from tunebench.report import plots
-from tunebench.report.context import CV_LIMIT, ReportContext
+from tunebench.report.context import CV_LIMIT, ReportContext, cv
 from tunebench.units import GIB
 
 
 def section(ctx: ReportContext) -> Section | None:
     if not ctx.train:
         return None
-    t = Table(["configuration", "status", "tokens/s", "per GPU", "samples/s", "step p50 ms", "peak alloc GiB", "MFU",
+    t = Table(["configuration", "status", "tokens/s", "per device", "samples/s", "step p50 ms", "peak alloc GiB", "MFU",
                "error"])
     for r in ctx.train:
         m = r.metrics
@@ -23,9 +21,10 @@ def section(ctx: ReportContext) -> Section | None:
     s = Section("Training performance", [t])
     if (p := plots.throughput(ctx.ok, ctx.out, ctx.names)):
         s.add(Figure(p))
-    cvs = [(ctx.names.get(h, ctx.label(rs[0])), statistics.stdev(t) / statistics.fmean(t))
-           for h, rs in ctx.groups.items() if len(t := [r.metrics.tokens_per_s for r in rs if r in ctx.ok]) > 1]
-    if cvs:
-        s.add("Repeats: " + "; ".join(f"{n} CV {cv:.1%}" + (" (above 2%: noisy)" if cv > CV_LIMIT else "")
-                                      for n, cv in cvs) + ".")
+    spreads = [(ctx.label(rs[0]), t, cv(rs)) for rs in ctx.groups.values()
+               if len(t := [r.metrics.tokens_per_s for r in rs if r in ctx.ok]) > 1]
+    if spreads:
+        s.add("Repeats (same configuration and environment): " + "; ".join(
+            f"{n}: {len(t)} runs, {fmt(min(t))} to {fmt(max(t))} tokens/s, CV {c:.1%}"
+            + (" (above 2%: noisy)" if c > CV_LIMIT else "") for n, t, c in spreads) + ".")
     return s

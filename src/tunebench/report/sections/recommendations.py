@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tunebench.document import Section
 from tunebench.format import fmt, gib
-from tunebench.report.context import NOISE, ReportContext
+from tunebench.report.context import ReportContext
 
 ADVICE = {"oom": "it does not fit this GPU; lower the batch or enable grad_ckpt.",
           "timeout": "it did not finish within its time limit.",
@@ -23,8 +23,8 @@ def section(ctx: ReportContext) -> Section | None:
             line += f", {gib(best.metrics.peak_mem_allocated_bytes)} peak"
         out.append(line + ").")
     if ctx.baseline and len(ctx.groups) > 1:
-        for rs, eff in ctx.effects():
-            if eff is not None and abs(eff) > NOISE:
+        for rs, eff, noise in ctx.effects():
+            if eff is not None and abs(eff) > noise:  # within the measured noise it is no finding
                 out.append(f"{ctx.lever(rs)}: {'gains' if eff > 0 else 'loses'} {abs(eff):.0%} tokens/s against the "
                            "baseline.")
     out += [f"{ctx.label(r)} ended with status {r.status}: {ADVICE[r.status]}" for r in ctx.train if r.status in ADVICE]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tunebench.document import Section
-from tunebench.format import fmt, gib
+from tunebench.format import fmt, gib, per_device
 from tunebench.report.context import ReportContext, mean_tps
 
 STATUSES = ("ok", "oom", "failed", "nan", "timeout")
@@ -14,13 +14,13 @@ def section(ctx: ReportContext) -> Section | None:
         return None
     s = Section("Executive summary")
     counts = {st: sum(r.status == st for r in ctx.train) for st in STATUSES}
-    s.add(f"{len(ctx.train)} runs of {len(ctx.groups)} configurations: "
+    s.add(f"{len(ctx.train)} runs of {ctx.configs} configurations: "
           + ", ".join(f"{n} {st}" for st, n in counts.items() if n) + ".")
     if not ctx.ok:
         return s
     best = max(ctx.ok, key=lambda r: r.metrics.tokens_per_s)
     s.add(f"Highest throughput: **{ctx.label(best)}** at {fmt(best.metrics.tokens_per_s)} tokens/s "
-          f"({fmt(best.metrics.tokens_per_s_per_gpu)} per GPU on {best.metrics.world_size}).")
+          f"({fmt(best.metrics.tokens_per_s_per_gpu)} per {per_device(best)} on {best.metrics.world_size}).")
     with_mem = [r for r in ctx.ok if r.metrics.peak_mem_allocated_bytes]
     if with_mem:
         low = min(with_mem, key=lambda r: r.metrics.peak_mem_allocated_bytes)

@@ -1,0 +1,134 @@
+"""No process outlives its run: timeouts and killed sweeps end every rank; one runner per sweep; no litter."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from conftest import cli_subprocess
+from tunebench.store import Store
+
+TINY = {"model": "tiny-llama", "device": "cpu", "seq_len": 32, "batch_size": 1, "steps": 4, "warmup": 1}
+MARKS = ("tunebench.launch.worker", "tunebench.launch.child", "torch.distributed.run")
+
+
+def _ours(tag: str) -> list[psutil.Process]:
+    """Processes of a run whose config carries `tag` (in their run directory's job.json)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if any(m in cmd for m in MARKS):
+                rundir = next((Path(a) for a in p.info["cmdline"] if a.startswith(tempfile.gettempdir())), None)
+                if rundir is None or not (rundir / "job.json").exists() or tag in (rundir / "job.json").read_text():
+                    found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+            continue
+    return found
+
+
+def _gone(tag: str, within: float = 10.0) -> bool:
+    deadline = time.time() + within
+    while time.time() < deadline:
+        if not [p for p in _ours(tag) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def _suite(tmp_path, runs, name="p") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "base": TINY, "runs": runs}))
+    return path
+
+
+def test_sweep_timeout_ends_every_rank(tmp_path):
+    path = _suite(tmp_path, [{"name": "hang", "strategy": "ddp", "nproc_per_node": 2, "fault": "hang@1",
+                              "tag": ["t-timeout"]}])
+    p = cli_subprocess("sweep", str(path), "--store", str(tmp_path / "r.db"), "--run-timeout", "15", "--json",
+                       timeout=300)
+    (rec,) = json.loads(p.stdout)
+    assert rec["status"] == "timeout"
+    assert _gone("t-timeout"), "a rank outlived its timed-out run"
+
+
+def test_killed_sweep_takes_its_ranks_with_it(tmp_path):
+    path = _suite(tmp_path, [{"name": "long", "strategy": "ddp", "nproc_per_node": 2, "steps": 100000,
+                              "tag": ["t-killed"]}])
+    sweep = subprocess.Popen([sys.executable, "-m", "tunebench.cli", "sweep", str(path), "--store",
+                              str(tmp_path / "r.db")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while time.time() < deadline and len([p for p in _ours("t-killed")
+                                          if "tunebench.launch.worker" in " ".join(p.cmdline())]) < 2:
+        time.sleep(0.5)
+    assert time.time() < deadline, "the ranks never started"
+    sweep.send_signal(signal.SIGKILL)
+    sweep.wait()
+    assert _gone("t-killed"), "ranks outlived their killed sweep"
+
+
+def test_run_timeout_ends_a_hung_distributed_run(tmp_path):
+    started = time.time()
+    p = cli_subprocess("run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "32", "--steps", "4",
+                       "--warmup", "1", "--strategy", "ddp", "--nproc-per-node", "2", "--fault", "hang@1",
+                       "--tag", "t-run-timeout", "--run-timeout", "15", "--json", "--store", str(tmp_path / "r.db"),
+                       timeout=300)
+    rec = json.loads(p.stdout)
+    assert p.returncode == 1 and rec["status"] == "timeout" and "15 s" in rec["error"]
+    assert time.time() - started < 120
+    assert _gone("t-run-timeout")
+    assert [r.status for r in Store(tmp_path / "r.db").records()] == ["timeout"]
+
+
+def test_one_runner_per_sweep(tmp_path):
+    path = _suite(tmp_path, [{"name": "slow", "steps": 100000, "tag": ["t-lock"]}, {"name": "b"}])
+    store = tmp_path / "r.db"
+    first = subprocess.Popen([sys.executable, "-m", "tunebench.cli", "sweep", str(path), "--store", str(store)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        sweep_id = None
+        while time.time() < deadline and not sweep_id:
+            if store.exists():
+                with Store(store) as s:
+                    row = s.conn.execute("SELECT name FROM locks").fetchone()
+                    sweep_id = row[0].split(" ", 1)[1] if row else None
+            time.sleep(0.3)
+        assert sweep_id, "the first sweep never took its lock"
+        second = cli_subprocess("sweep", "--resume", sweep_id, "--store", str(store), timeout=120)
+        assert second.returncode == 2 and "is being run by process" in second.stderr, second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert _gone("t-lock")
+    with Store(store) as s:  # its owner died (kill -9 left the lock behind): the next runner takes it over
+        s.acquire(f"sweep {sweep_id}")
+        s.release(f"sweep {sweep_id}")
+
+
+def test_stale_run_directories_are_cleaned(tmp_path):
+    from tunebench.launch.rundir import RunDir
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = Path(tempfile.mkdtemp(prefix="tunebench-run-"))
+    (stale / "owner").write_text(f"{dead.pid} {os.uname().nodename}")
+    (stale / "job.json").write_text("{}")
+    live = Path(tempfile.mkdtemp(prefix="tunebench-sweep-"))
+    (live / "owner").write_text(f"{os.getpid()} {os.uname().nodename}")
+    try:
+        with RunDir.temporary() as fresh:
+            assert fresh.path.is_dir()
+        assert not stale.exists() and live.exists() and not fresh.path.exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
