@@ -11,6 +11,8 @@
 #   bash benchmarks/gpu_proof.sh hw1       # issue 6: tunebench hw (full sweep) on GPU 0, then load mistral-7b
 #   bash benchmarks/gpu_proof.sh infer     # issue 6: tunebench infer mistral-7b, and our decode loop vs HF generate
 #   bash benchmarks/gpu_proof.sh hw4       # issue 6: tunebench hw collectives across every local GPU (4 H200)
+#   bash benchmarks/gpu_proof.sh train1    # issue 13: stdlib corpus from scratch; Mistral-7B QLoRA train vs run
+#   bash benchmarks/gpu_proof.sh train2    # issue 13: an FSDP2 job on 2 GPUs, stopped by SIGTERM, resumed
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -78,6 +80,42 @@ telemetry)
   python3 benchmarks/telemetry_overhead.py --pairs 3
   tb run --model tinygpt-124m --method full --seq-len 2048 --batch-size 8 --steps 30 --warmup 10 \
     --optimizer adamw_fused --tag gpu-proof-telemetry
+  ;;
+train1)
+  export CUDA_VISIBLE_DEVICES=0 TUNEBENCH_CACHE=/tmp/tbcache
+  python3 benchmarks/stdlib_corpus.py /tmp/corpus --vocab 32000
+  mkdir -p "$OUT/tokenizer" && cp /tmp/corpus/tokenizer/* "$OUT/tokenizer/"
+  C="--tokenizer /tmp/corpus/tokenizer --data /tmp/corpus/stdlib.jsonl --tag train-proof"
+  tb train --model tinygpt-124m $C --seq-len 1024 --batch-size 16 --max-steps 400 --lr 1e-3 --warmup-steps 40 \
+    --optimizer adamw_fused --eval-fraction 0.02 --eval-every 100 --eval-batches 20 --log-every 100 \
+    --output-dir /tmp/scratch --target-eval-loss 5.5
+  # the benchmark predicts the job: the same QLoRA workload as `run` (synthetic) and `train` (the corpus),
+  # alternated twice, 60 steps of which 15 untimed
+  Q="--model mistral-7b --method qlora --seq-len 512 --batch-size 8 --grad-ckpt --optimizer paged_adamw_8bit"
+  Q="$Q --lora-rank 16 --lora-alpha 32"
+  for i in 1 2; do
+    tb run $Q --steps 60 --warmup 15 --tag train-proof 2>&1 | grep "tokens/s  \|step time"
+    tb train $Q $C --max-steps 60 --warmup 15 --no-packing --log-every 60 --output-dir /tmp/q-unpacked-$i \
+      2>&1 | grep "^train:\|tokens/s  \|step time"
+  done
+  tb train $Q $C --max-steps 60 --warmup 15 --log-every 60 --output-dir /tmp/q-packed 2>&1 | grep "^train:\|tokens/s  "
+  ;;
+train2)
+  export TUNEBENCH_CACHE=/tmp/tbcache
+  # the tokenizer train1 made, when it was carried along (.gpu/tokenizer): the same token ids, no retraining
+  [ -f .gpu/tokenizer/tokenizer.json ] && mkdir -p /tmp/corpus && cp -r .gpu/tokenizer /tmp/corpus/
+  python3 benchmarks/stdlib_corpus.py /tmp/corpus --vocab 32000
+  F="--model llama-3.2-1b --tokenizer /tmp/corpus/tokenizer --data /tmp/corpus/stdlib.jsonl --strategy fsdp"
+  F="$F --nproc-per-node 2 --seq-len 1024 --batch-size 8 --max-steps 60 --save-every 20 --log-every 5"
+  F="$F --eval-fraction 0.02 --eval-every 30 --eval-batches 10 --output-dir /tmp/fsdp --tag train-proof"
+  rm -rf /tmp/fsdp  # a warm machine keeps the last call's files
+  python3 -m tunebench.cli train $F > "$OUT/fsdp-first.log" 2>&1 &  # not `tb &`: $! must be tunebench itself
+  job=$!
+  until grep -q "train: step 3[0-9]/60" "$OUT/fsdp-first.log" || ! kill -0 $job 2>/dev/null; do sleep 1; done
+  kill -TERM $job; wait $job; echo "first part exited with code $? (75: stopped by the signal, checkpoint saved)"
+  grep "^train:\|^eval:\|^checkpoint:" "$OUT/fsdp-first.log" | tail -8
+  ls /tmp/fsdp/checkpoints
+  tb train $F --resume latest 2>&1 | grep -v "Writing\|Loading"
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

@@ -92,14 +92,26 @@ def test_module_and_function_sizes(path):
             assert n <= 60, f"{path.name}: {node.name} has {n} lines (at most 60)"
 
 
+def _store_saves(tree: ast.AST) -> int:
+    """Calls of Store.save: `Store(...).save(...)`, or `name.save(...)` inside `with Store(...) as name`."""
+    n = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.With):
+            names = {i.optional_vars.id for i in node.items if isinstance(i.context_expr, ast.Call)
+                     and getattr(i.context_expr.func, "id", None) == "Store" and isinstance(i.optional_vars, ast.Name)}
+            n += sum(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "save"
+                     and getattr(c.func.value, "id", None) in names for b in node.body for c in ast.walk(b))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "save" \
+                and isinstance(node.func.value, ast.Call) and getattr(node.func.value.func, "id", None) == "Store":
+            n += 1
+    return n
+
+
 def test_results_are_saved_in_one_place():
     """Only tunebench.api.records calls Store.save: every new result goes through api.finalize."""
-    callers = set()
-    for path in _py_files():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "save":
-                callers.add(str(path.relative_to(SRC)))
+    callers = {str(p.relative_to(SRC)) for p in _py_files() if _store_saves(ast.parse(p.read_text()))}
     assert callers == {"api/records.py"}
+    assert _store_saves(ast.parse("with Store(p) as s:\n    s.save(r)\nStore(p).save(r)\n")) == 2
 
 
 def test_readme_matrix_is_the_registry():

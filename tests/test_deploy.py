@@ -175,7 +175,7 @@ def test_slurm_script(tmp_path):
 
 def test_bad_deploy_input(tb):
     for argv, needle in ((["deploy", "k8s", "--name", "Bad_Name", "--image", "i", "--", "run"], "invalid name"),
-                         (["deploy", "k8s", "--name", "b", "--image", "i", "--", "train"], "starting with run"),
+                         (["deploy", "k8s", "--name", "b", "--image", "i", "--", "hw"], "starting with run"),
                          (["deploy", "k8s", "--name", "b", "--image", "i", "--nodes", "2", "--", "sweep", "x"],
                           "sweeps run on one node"),
                          (["deploy", "slurm", "--", "run", "--nnodes", "3"], "--nnodes is set by the deployment"),

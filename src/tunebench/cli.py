@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from tunebench import __version__
 from tunebench.config import HwConfig, InferConfig, LoadConfig
 from tunebench.errors import UserError
-from tunebench.flags import Parser, add_config_flags, add_run_options
+from tunebench.flags import Parser, add_config_flags, add_run_options, add_train_options
 from tunebench.flags import add_store as _store_arg
 
 INTERNAL_ERROR = 3  # a bug or an environment failure: not bad input (2), not a failed run or regression (1)
@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     add_run_options(sub.add_parser("run", help="run one training benchmark and store its record"))
+
+    add_train_options(sub.add_parser("train", help="fine-tune on your own data with the benchmark's engine: "
+                                                   "checkpoints, resume, the adapter or model out, a record"))
 
     sw = sub.add_parser("sweep", help="run a suite of configurations, each in its own process, resumably")
     sw.add_argument("suite", nargs="?", help="suite YAML file or built-in name (quick, full, diagnostic, scaling, "
@@ -61,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE]:EFFECT")
     k8s.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME")
     k8s.add_argument("--shm-size", default="16Gi")
-    k8s.add_argument("--max-restarts", type=int, default=0, help="JobSet failurePolicy restarts")
+    k8s.add_argument("--max-restarts", type=int, default=0, help="restarts after a failed pod (JobSet failurePolicy, "
+                                                                 "Indexed Job backoffLimit): a train job resumes")
     slurm = dsub.add_parser("slurm", help="an sbatch script with srun + tunebench (torchrun inside)")
     slurm.add_argument("--job-name", default="tunebench")
     slurm.add_argument("--partition")
@@ -139,12 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command(name: str):
     """The handler of a subcommand, imported only when it runs (keeps `--help` and bad input fast)."""
-    from tunebench.commands import bench, deploy, results, run, sweep
+    from tunebench.commands import bench, deploy, results, run, sweep, train
 
     return {"hw": bench.cmd_hw, "load": bench.cmd_load, "infer": bench.cmd_infer, "run": run.cmd_run,
             "quick": run.cmd_quick, "sweep": sweep.cmd_sweep, "consistency": sweep.cmd_consistency,
             "results": results.cmd_results, "report": results.cmd_report, "cost": results.cmd_cost,
-            "compare": results.cmd_compare, "deploy": deploy.cmd_deploy, "collect": deploy.cmd_collect}[name]
+            "compare": results.cmd_compare, "deploy": deploy.cmd_deploy, "collect": deploy.cmd_collect,
+            "train": train.cmd_train}[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,6 +18,13 @@ class Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
+def _is_bool(annotation: object) -> bool:
+    """bool, or bool | None (an unset switch that means 'decide for me')."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return set(get_args(annotation)) == {bool, type(None)}
+    return annotation is bool
+
+
 def _is_list(annotation: object) -> bool:
     if get_origin(annotation) in (Union, types.UnionType):
         return any(_is_list(a) for a in get_args(annotation))
@@ -29,7 +36,7 @@ def add_config_flags(p: argparse.ArgumentParser, cls: type[BaseModel] = RunConfi
     for name, field in cls.model_fields.items():
         flag = "--" + name.replace("_", "-")
         help_ = field.description or ""
-        if field.annotation is bool:
+        if _is_bool(field.annotation):
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         elif _is_list(field.annotation):
             p.add_argument(flag, dest=name, action="append", default=None, help=help_ + " (repeatable)")
@@ -55,14 +62,27 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     add_store(run)
 
 
+def add_train_options(tr: argparse.ArgumentParser) -> None:
+    """`tunebench train`'s arguments: a YAML config, every TrainConfig key as a flag, and the record's output."""
+    from tunebench.config import TrainConfig
+
+    tr.add_argument("config", nargs="?", help="YAML train config; flags override its keys")
+    add_config_flags(tr, TrainConfig)
+    tr.add_argument("--json", action="store_true", help="print the record as JSON on stdout")
+    tr.add_argument("--no-store", action="store_true", help="do not write the record to the store")
+    tr.add_argument("--print-result", action="store_true", help="also print the record between markers "
+                                                                "(for logs: tunebench collect reads them)")
+    add_store(tr)
+
+
 def config_from(args: argparse.Namespace, cls: type[BaseModel] = RunConfig, **fixed: Any) -> Any:
     """The validated config of parsed arguments: the YAML file, the flags over it, then `fixed` over both."""
     overrides = {name: getattr(args, name, None) for name in cls.model_fields} | fixed
     return load_config(getattr(args, "config", None), cls, **overrides)
 
 
-def parse_run(argv: list[str]) -> argparse.Namespace:
-    """`run ...` arguments as `tunebench run` parses them (without running anything)."""
-    p = Parser(prog="tunebench run", add_help=False)
-    add_run_options(p)
+def parse_run(argv: list[str], command: str = "run") -> argparse.Namespace:
+    """`run ...` (or `train ...`) arguments as that command parses them (without running anything)."""
+    p = Parser(prog=f"tunebench {command}", add_help=False)
+    (add_train_options if command == "train" else add_run_options)(p)
     return p.parse_args(argv)

@@ -94,6 +94,32 @@ class Scaling(Figures):
     efficiency: float
 
 
+class JobFigures(Figures):
+    """A training job (`tunebench train`) beside its throughput figures: the data, the losses, the outputs,
+    and the time it took against the time its benchmark predicted."""
+
+    data: dict[str, Any] = Field(default_factory=dict)  # source, fingerprint, shape, examples, truncated, ...
+    eval_data: dict[str, Any] | None = None
+    steps: int = 0  # optimizer steps done (resumed ones included)
+    planned_steps: int = 0
+    epochs: float = 0.0  # passes over the training rows
+    tokens: int = 0  # tokens processed in those steps (padding included, as the benchmark counts)
+    train_loss: float | None = None  # the last step's
+    eval_loss: float | None = None  # the last evaluation's
+    eval_perplexity: float | None = None
+    eval_curve: list[list[float]] = Field(default_factory=list)  # [step, eval loss]
+    target_eval_loss: float | None = None
+    time_to_target_s: float | None = None  # training seconds until eval loss first reached the target
+    train_s: float | None = None  # training seconds of the whole job (every resumed part included)
+    predicted_s: float | None = None  # the planned steps' time, from the prediction
+    predicted_tokens_per_s: float | None = None
+    predicted_from: str | None = None  # "stored run <id>" or "the first timed steps"
+    exit: str = "completed"  # completed | preempted (a signal: checkpoint saved) | stopped (nan or failure)
+    resumed_from: str | None = None
+    checkpoints: list[str] = Field(default_factory=list)
+    outputs: dict[str, str] = Field(default_factory=dict)  # adapter / model / merged -> folder
+
+
 class TrainMetrics(BaseModel):
     """Every figure of a training benchmark; None where it could not be measured (never a guess)."""
 
@@ -133,6 +159,7 @@ class TrainMetrics(BaseModel):
     scaling: Scaling | None = None  # speedup and efficiency against the scaling series' first ok run
     telemetry: RunTelemetry | None = None  # NVML over the timed steps; absent (None) without NVML
     energy_j_per_token: float | None = None
+    job: JobFigures | None = None  # a training job's own figures (tunebench train); None for a benchmark
 
 
 class HwMetrics(BaseModel):

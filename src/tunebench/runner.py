@@ -16,16 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
 from tunebench.console import say
 from tunebench.console.progress import ProgressFn
 from tunebench.dist import SINGLE, DistContext
 from tunebench.engine.data import SyntheticTokens
-from tunebench.engine.loop import LoopResult, run_loop
+from tunebench.engine.loop import LoopResult, LoopSpec, run_loop
 from tunebench.engine.loss import is_fusable
 from tunebench.engine.model import CausalLMWithLoss, count_params, transformer_blocks, unwrap
-from tunebench.engine.step import optimizer_step_fn
+from tunebench.engine.step import TrainStep, optimizer_step_fn
 from tunebench.environment import environment
 from tunebench.errors import UserError, invalid, require
 from tunebench.methods import apply_method, check_targets
@@ -36,7 +37,7 @@ from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import build_model, load_meta_model, resolve_model
 from tunebench.models.count import counts, training_floor_bytes
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
-from tunebench.record import RankFigures, ResultRecord
+from tunebench.record import JobFigures, RankFigures, ResultRecord
 from tunebench.status import failure
 from tunebench.strategies import check_strategy
 from tunebench.units import GIB
@@ -108,7 +109,7 @@ def _build_progress(name: str) -> Callable[[float], None]:
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     """What a run got to, filled in as it goes so that a failure still reports what was reached."""
 
     loop: LoopResult = field(default_factory=LoopResult)
@@ -117,10 +118,20 @@ class _Outcome:
     weights: str | None = None
     params_total: int | None = None
     params_trainable: int | None = None
+    job: JobFigures | None = None  # a training job's own figures
 
 
-def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | None, ctx: DistContext) -> None:
-    # In its own frame so that the model and optimizer are freed as soon as it returns or raises.
+@dataclass
+class Trainable:
+    """The model ready to train: built, its method applied, wrapped by its strategy with its optimizer."""
+
+    model: nn.Module  # the Hugging Face model (a peft model for LoRA/QLoRA), unwrapped
+    module: CausalLMWithLoss  # the model with its loss: what the strategy wrapped
+    ts: TrainStep
+
+
+def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: bool = False) -> Trainable:
+    """The benchmark's and the training job's one way to build what trains (figures noted in `out`)."""
     cfg, spec, device, strategy = plan.cfg, plan.spec, plan.device, plan.strategy
     n = counts(spec)
     big = device.type == "cpu" and n is not None and n.total >= BIG_ON_CPU
@@ -138,13 +149,23 @@ def _train(plan: Plan, out: _Outcome, started: float, progress: ProgressFn | Non
     # Counted before the strategy shards anything (ZeRO-3 leaves empty partitions behind).
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
                                 cfg.grad_ckpt, head_recompute=not (strategy.fused_head and is_fusable(head)))
-    module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head)
-    ts = strategy.wrap(module, blocks, cfg, device, ctx.world_size)
+    module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
+    return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size))
+
+
+def telemetry_for(plan: Plan) -> Telemetry | None:
+    return Telemetry(plan.device.index) if plan.device.type == "cuda" and plan.cfg.telemetry else None
+
+
+def _train(plan: Plan, out: Outcome, started: float, progress: ProgressFn | None, ctx: DistContext) -> None:
+    # In its own frame so that the model and optimizer are freed as soon as it returns or raises.
+    cfg, spec, device = plan.cfg, plan.spec, plan.device
+    t = build_trainable(plan, out, ctx)
     data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
-    step = optimizer_step_fn(ts, data, cfg, device, ctx)
+    step = optimizer_step_fn(t.ts, data, cfg, device, ctx)
     out.setup_s = time.perf_counter() - started
-    telemetry = Telemetry(device.index) if device.type == "cuda" and cfg.telemetry else None
-    out.loop = run_loop(step, cfg, device, progress if ctx.is_main else None, ctx, telemetry)
+    out.loop = run_loop(step, LoopSpec(cfg.steps, cfg.warmup, fault=cfg.fault), device,
+                        progress if ctx.is_main else None, ctx, telemetry_for(plan))
 
 
 def execute(plan: Plan, progress: ProgressFn | None = None, started: float | None = None, ctx: DistContext = SINGLE,
@@ -154,15 +175,22 @@ def execute(plan: Plan, progress: ProgressFn | None = None, started: float | Non
     `on_rank_figures` gets this rank's own figures as soon as its loop ends, before the ranks
     combine theirs, so a run whose other ranks die still leaves what this one measured.
     """
+    return attempt(plan, lambda out, t0: _train(plan, out, t0, progress, ctx), started, ctx, on_rank_figures)
+
+
+def attempt(plan: Plan, work: Callable[[Outcome, float], None], started: float | None, ctx: DistContext,
+            on_rank_figures: Callable[[RankFigures], None] | None = None) -> ResultRecord:
+    """`work` on this rank, then the record: a failure in one process is the record's status; on several
+    ranks it is raised (torchrun ends the others and the launcher records why)."""
     cfg, device = plan.cfg, plan.device
     started = time.perf_counter() if started is None else started
     env = environment(device)
     rec = ResultRecord.for_config(plan.requested or cfg, env)
-    out = _Outcome()
+    out = Outcome()
     torch.manual_seed(cfg.seed)
     reset_peak(device)
     try:
-        _train(plan, out, started, progress, ctx)
+        work(out, started)
         rec.status, rec.error = out.loop.status, out.loop.error
     except Exception as err:
         if ctx.world_size > 1:
@@ -176,6 +204,6 @@ def execute(plan: Plan, progress: ProgressFn | None = None, started: float | Non
     rec.metrics = combine_ranks(ctx.gather(mine), out.loop.losses, out.flops, peak)
     rec.metrics.setup_s, rec.metrics.weights = out.setup_s, out.weights
     rec.metrics.params_total, rec.metrics.params_trainable = out.params_total, out.params_trainable
-    rec.metrics.nnodes, rec.metrics.precision = ctx.nnodes, cfg.precision
+    rec.metrics.nnodes, rec.metrics.precision, rec.metrics.job = ctx.nnodes, cfg.precision, out.job
     release(device)
     return rec

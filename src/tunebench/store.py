@@ -62,6 +62,19 @@ def _refuse_special(path: Path) -> None:
         raise UserError(f"invalid store={path}: give a file path (an in-memory store would lose every result)")
 
 
+def check_store_path(path: str | Path) -> None:
+    """Check a store without creating it: an existing one is opened and write-locked; for a new one the folder
+    must be creatable. (For work that refuses bad input late, so nothing is written for it.)"""
+    p = Path(path)
+    _refuse_special(p)
+    if p.exists():
+        check_store(p)
+        return
+    parent = next((q for q in [p.parent, *p.parent.parents] if q.exists()), Path("."))
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UserError(f"invalid store={p}: {parent} is not a writable folder")
+
+
 def check_store(path: str | Path) -> None:
     """Open (creating it if needed) and write-lock the store now, so that a bad path fails before any work."""
     with held_store(path):

@@ -34,6 +34,13 @@ def identity(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k not in launch}
 
 
+def workload_key(cls: type[BaseModel], data: dict[str, Any]) -> str:
+    """The workload without how it was measured (steps, seed, device) or launched: a benchmark and a training
+    job of the same configuration share it."""
+    skip = fields_with_role(cls, "launch", "measurement")
+    return config_hash({k: v for k, v in data.items() if k in cls.model_fields and k not in skip})
+
+
 def not_levers(cls: type[BaseModel]) -> set[str]:
     """Fields two configurations may differ in without being different experiments."""
     return fields_with_role(cls, "launch", "measurement")
@@ -73,6 +80,8 @@ def _one_line(err: ValidationError, raw: dict[str, Any], fields: tuple[str, ...]
     field = ".".join(str(p) for p in loc) or "config"
     if e["type"] == "extra_forbidden":
         return f"unknown key {field!r} (allowed keys: {', '.join(fields)})"
+    if e["type"] == "missing":
+        return f"missing {field}: give --{field.replace('_', '-')} (or the {field} key of the YAML config)"
     msg = e["msg"].removeprefix("Value error, ")
     if not e["loc"]:  # model-level check: the message already names the fields
         return f"invalid config: {msg}"

@@ -85,6 +85,9 @@ class RunConfig(BaseModel):
         if self.steps <= self.warmup:
             raise ValueError(f"steps={self.steps} must be greater than warmup={self.warmup} "
                              "(warmup steps are not timed)")
+        return self._check_shape_and_nodes()
+
+    def _check_shape_and_nodes(self) -> RunConfig:
         if self.batch_size * self.seq_len * self.grad_accum > MAX_TOKENS_PER_STEP:
             raise ValueError(f"batch_size x seq_len x grad_accum = {self.batch_size * self.seq_len * self.grad_accum:,}"
                              f" tokens per step is above the limit of {MAX_TOKENS_PER_STEP:,}")

@@ -13,22 +13,24 @@ from pathlib import Path
 from tunebench.errors import UserError
 
 
-def check_run_args(args: list[str], nodes: int, gpus: int) -> None:
+def check_run_args(args: list[str], nodes: int, gpus: int, command: str = "run") -> None:
+    """`run` or `train` arguments (a training job's data and output live on the cluster's volume: not looked for)."""
+    from tunebench.config import RunConfig, TrainConfig
     from tunebench.flags import config_from, parse_run
     from tunebench.models.spec import resolve_model
     from tunebench.strategies import STRATEGIES
 
-    ns = parse_run(args)
-    if ns.gpus:
+    ns = parse_run(args, command)
+    if getattr(ns, "gpus", None):
         raise UserError("--gpus (a scaling series) runs on one machine; deploy one world size at a time")
     if ns.config and not Path(ns.config).is_file():
         ns.config = None  # a file in the image or on a volume: its keys are checked when the pod starts
     fixed = {"nproc_per_node": gpus, "nnodes": nodes, "device": "cuda",
              "rdzv_endpoint": "first-node:29400" if nodes > 1 else None}
     try:
-        cfg = config_from(ns, **fixed)
+        cfg = config_from(ns, TrainConfig if command == "train" else RunConfig, **fixed)
     except UserError as err:
-        raise UserError(f"in the run arguments: {err}") from None
+        raise UserError(f"in the {command} arguments: {err}") from None
     STRATEGIES[cfg.strategy].check(cfg, nodes * gpus, packages=False)  # the image has the packages, not this host
     local = any(c in cfg.model for c in "/~.")
     if not local:

@@ -26,8 +26,8 @@ def check_user_args(args: list[str], nodes: int, gpus: int | None = None) -> Non
     """The tunebench arguments after `--`: a run or sweep, nothing the deployment sets, valid as `run` checks them."""
     from tunebench.deploy.check import check_run_args, check_sweep_args
 
-    if not args or args[0] not in ("run", "sweep"):
-        raise UserError("give the tunebench arguments after --, starting with run or sweep "
+    if not args or args[0] not in ("run", "sweep", "train"):
+        raise UserError("give the tunebench arguments after --, starting with run, train or sweep "
                         "(e.g. -- run --model mistral-7b --method qlora)")
     if args[0] == "sweep" and nodes > 1:
         raise UserError("a multi-node deployment runs one distributed `tunebench run`; sweeps run on one node")
@@ -36,7 +36,7 @@ def check_user_args(args: list[str], nodes: int, gpus: int | None = None) -> Non
     if clash:
         raise UserError(f"{clash[0]} is set by the deployment; leave it out of the tunebench arguments")
     if gpus is not None:
-        (check_run_args(args[1:], nodes, gpus) if args[0] == "run" else check_sweep_args(args[1:]))
+        (check_sweep_args(args[1:]) if args[0] == "sweep" else check_run_args(args[1:], nodes, gpus, args[0]))
 
 
 def tunebench_argv(user_args: list[str], nodes: int, gpus: int, node_rank: str, endpoint: str,
@@ -44,12 +44,14 @@ def tunebench_argv(user_args: list[str], nodes: int, gpus: int, node_rank: str, 
     """The argv (unexpanded: `node_rank`, `endpoint`, `rdzv_id` may hold $(VAR) / $VAR for the platform)."""
     check_user_args(user_args, nodes)
     argv = ["tunebench", *user_args]
-    if user_args[0] == "run":
+    if user_args[0] in ("run", "train"):
         argv += ["--nproc-per-node", str(gpus)]
         if nodes > 1:
             argv += ["--nnodes", str(nodes), "--node-rank", node_rank, "--rdzv-endpoint", endpoint,
                      "--rdzv-id", rdzv_id]
         argv.append("--print-result")  # the record between markers in the log, whatever the store
+    if user_args[0] == "train" and not any(a.split("=")[0] == "--resume" for a in user_args):
+        argv += ["--resume", "auto"]  # a restarted pod or requeued job continues from its latest checkpoint
     argv += ["--store", store] if store else []
     return argv
 

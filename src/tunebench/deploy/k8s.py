@@ -128,8 +128,10 @@ def _meta(job: K8sJob, name: str | None = None) -> dict:
     return meta
 
 
-def _indexed(job: K8sJob, pod: dict) -> dict:
-    return {"parallelism": job.nodes, "completions": job.nodes, "completionMode": "Indexed", "backoffLimit": 0,
+def _indexed(job: K8sJob, pod: dict, backoff: int = 0) -> dict:
+    # In a JobSet a failed pod fails its Job and the JobSet restarts every node (failurePolicy): the
+    # rendezvous needs them all. A plain Indexed Job replaces failed pods itself, up to `backoff` times.
+    return {"parallelism": job.nodes, "completions": job.nodes, "completionMode": "Indexed", "backoffLimit": backoff,
             "template": {"metadata": {"labels": {"app.kubernetes.io/instance": job.name}}, "spec": pod}}
 
 
@@ -150,7 +152,8 @@ def indexed_job(job: K8sJob) -> list[dict]:
     service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job),
                "spec": {"clusterIP": "None", "selector": {"batch.kubernetes.io/job-name": job.name},
                         "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}]}}
-    return [service, {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job), "spec": _indexed(job, pod)}]
+    return [service, {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job),
+                      "spec": _indexed(job, pod, job.max_restarts)}]
 
 
 def trainjob(job: K8sJob) -> list[dict]:

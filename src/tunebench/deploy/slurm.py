@@ -37,6 +37,9 @@ def sbatch_script(user_args: list[str], nodes: int, gpus_per_node: int, job_name
         lines.append(f"#SBATCH --partition={shlex.quote(partition)}")
     if time:
         lines.append(f"#SBATCH --time={shlex.quote(time)}")
+    train = user_args[:1] == ["train"]
+    if train:  # preempted or near its time limit: a checkpoint, then the job goes back in the queue
+        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=TERM@120"]
     lines += [
         "set -euo pipefail",
         "export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1",
@@ -44,6 +47,9 @@ def sbatch_script(user_args: list[str], nodes: int, gpus_per_node: int, job_name
         # awk reads the whole list: under pipefail, `head -n 1` can end scontrol with SIGPIPE (exit 141)
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk "NR == 1")',
         "# one tunebench per node; it starts torchrun itself (node rank = the node's index in the job)",
-        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " + " ".join(words),
+        ("code=0; srun --ntasks-per-node=1 --kill-on-bad-exit=1 " + " ".join(words) + " || code=$?") if train
+        else "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " + " ".join(words),
     ]
+    if train:  # 75: stopped by a signal with its checkpoint saved; the requeued job resumes from it
+        lines += ['if [ "$code" -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi', 'exit "$code"']
     return "\n".join(lines) + "\n"

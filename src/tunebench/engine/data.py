@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+class Batch(NamedTuple):
+    """One micro-batch: input ids, their next-token labels (-100: not trained on), and position ids where
+    rows pack several examples (None: one sequence per row)."""
+
+    ids: torch.Tensor
+    labels: torch.Tensor
+    positions: torch.Tensor | None = None
 
 
 class SyntheticTokens:
@@ -21,6 +32,6 @@ class SyntheticTokens:
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.device = device
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next(self) -> Batch:
         ids = torch.randint(0, self.vocab_size, self.shape, generator=self.gen, device=self.device)[self.rows]
-        return ids[:, :-1], ids[:, 1:]
+        return Batch(ids[:, :-1], ids[:, 1:])

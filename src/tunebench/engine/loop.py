@@ -2,7 +2,8 @@
 
 The host never waits for the step it just queued. Each step's loss is copied to pinned host memory
 asynchronously and read LAG steps later, so the GPU always has the next steps queued while a NaN
-or Inf still stops the run within LAG steps.
+or Inf still stops the run within LAG steps. A benchmark runs this loop bare; a training job passes
+hooks (evaluate, checkpoint, log, stop on a signal), whose time is left out of the step times.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from tunebench.config import RunConfig
 from tunebench.dist import SINGLE, DistContext
 from tunebench.metrics.telemetry import Telemetry
 from tunebench.metrics.timer import StepTimer
@@ -24,14 +25,34 @@ from tunebench.record import GpuTelemetry
 LAG = 2  # steps between queuing a loss and reading it back on GPUs
 
 
+@dataclass(frozen=True)
+class LoopSpec:
+    steps: int  # the last step (exclusive), counted from the start of the job
+    warmup: int  # steps (from `start`) left out of the timed region
+    start: int = 0  # steps already done (a resumed job)
+    fault: str | None = None  # testing the harness: abort@STEP, hang@STEP or raise@STEP
+
+
 @dataclass
 class LoopResult:
     status: str = "ok"  # ok | nan
     error: str | None = None
     losses: list[float] = field(default_factory=list)  # every step run, warmup included
-    wall_s: float = 0.0  # timed region
+    wall_s: float = 0.0  # timed region (hook time left out)
     step_times: list[float] = field(default_factory=list)  # timed steps only
     telemetry: GpuTelemetry | None = None  # NVML summary over the timed steps (GPU runs only)
+    stopped: bool = False  # a stop was requested (a signal) and the loop ended at a step boundary
+    done: int = 0  # steps completed, counted from the start of the job
+
+
+class Hooks(Protocol):
+    """What a training job does between steps. `due(done)` must give the same answer on every rank."""
+
+    def due(self, done: int) -> bool: ...
+
+    def run(self, done: int, result: LoopResult, stop: bool) -> bool: ...  # True ends the loop
+
+    def log(self, done: int, result: LoopResult, timed_s: float, timed_steps: int) -> None: ...
 
 
 def inject_fault(kind: str, step: int) -> None:
@@ -44,57 +65,85 @@ def inject_fault(kind: str, step: int) -> None:
     raise RuntimeError(f"injected fault at step {step}")
 
 
-def run_loop(step: Callable[[], torch.Tensor], cfg: RunConfig, device: torch.device,
-             on_step: Callable[[int, float | None], None] | None = None, ctx: DistContext = SINGLE,
-             telemetry: Telemetry | None = None) -> LoopResult:
-    cuda = device.type == "cuda"
-    lag = LAG if cuda else 0
-    # A ring of LAG + 1 pinned slots: step k's loss lives in slot k % slots until it is read, LAG steps later.
-    slots = lag + 1
-    host = torch.zeros(slots, dtype=torch.float32, pin_memory=cuda)
-    ready: list[torch.cuda.Event | None] = [None] * slots
-    timer = StepTimer(device)
-    result = LoopResult()
-    last: float | None = None
+class _Reader:
+    """Losses (and a stop request) read back LAG steps after their step was queued."""
 
-    def read(k: int) -> bool:
-        """Read step k's loss; False (and status nan) if it is not finite."""
-        nonlocal last
-        if ready[k % slots] is not None:
-            ready[k % slots].synchronize()
-        last = float(host[k % slots])
-        result.losses.append(last)
-        if not math.isfinite(last):
-            result.status, result.error = "nan", f"loss became {last} at step {k}"
-            return False
+    def __init__(self, cuda: bool, lag: int, result: LoopResult):
+        self.cuda, self.lag, self.result = cuda, lag, result
+        self.slots = lag + 1  # a ring: step k's values live in slot k % slots until they are read
+        self.host = torch.zeros(self.slots, 2, dtype=torch.float32, pin_memory=cuda)
+        self.ready: list[torch.cuda.Event | None] = [None] * self.slots
+        self.last: float | None = None
+        self.stop = False
+        self.pending: list[int] = []
+
+    def queue(self, k: int, values: torch.Tensor) -> None:
+        self.host[k % self.slots, : values.numel()].copy_(values.reshape(-1), non_blocking=self.cuda)
+        if self.cuda:
+            self.ready[k % self.slots] = torch.cuda.Event()
+            self.ready[k % self.slots].record()
+        self.pending.append(k)
+
+    def read(self, upto: int) -> bool:
+        """Read every queued step up to `upto`; False (and status nan) at the first non-finite loss."""
+        while self.pending and self.pending[0] <= upto:
+            k = self.pending.pop(0)
+            if self.ready[k % self.slots] is not None:
+                self.ready[k % self.slots].synchronize()
+            self.last = float(self.host[k % self.slots, 0])
+            self.stop = self.stop or float(self.host[k % self.slots, 1]) > 0
+            self.result.losses.append(self.last)
+            if not math.isfinite(self.last):
+                self.result.status, self.result.error = "nan", f"loss became {self.last} at step {k}"
+                return False
         return True
 
-    fault_kind, _, fault_step = (cfg.fault or "").partition("@")
-    for i in range(cfg.steps):
+
+def run_loop(step: Callable[[], torch.Tensor], spec: LoopSpec, device: torch.device,
+             on_step: Callable[[int, float | None], None] | None = None, ctx: DistContext = SINGLE,
+             telemetry: Telemetry | None = None, hooks: Hooks | None = None) -> LoopResult:
+    cuda = device.type == "cuda"
+    result = LoopResult(done=spec.start)
+    reader = _Reader(cuda, LAG if cuda else 0, result)
+    timer = StepTimer(device)
+    fault_kind, _, fault_step = (spec.fault or "").partition("@")
+    for i in range(spec.start, spec.steps):
         if fault_kind and i == int(fault_step):
             inject_fault(fault_kind, i)
-        if i == cfg.warmup:
+        if i == spec.start + spec.warmup:
             ctx.barrier()  # every rank starts the timed region together
             timer.start()
             if telemetry:
                 telemetry.start()
-        loss = step()
-        host[i % slots].copy_(loss, non_blocking=cuda)
-        if cuda:
-            ready[i % slots] = torch.cuda.Event()
-            ready[i % slots].record()
-        if i >= cfg.warmup:
+        reader.queue(i, step())
+        if i >= spec.start + spec.warmup:
             timer.step_end()
-        if i - lag >= 0 and not read(i - lag):
+        result.done = i + 1
+        if not reader.read(i - reader.lag):
             break
         if on_step:
-            on_step(i, last)
+            on_step(i, reader.last)
+        if hooks and _between_steps(hooks, i + 1, reader, timer, result, spec.steps):
+            break
     else:
-        for k in range(max(cfg.steps - lag, 0), cfg.steps):
-            if not read(k):
-                break
-    if len(timer.marks) > 0:
+        reader.read(spec.steps)
+    if timer.started:
         result.wall_s, result.step_times = timer.finish()
     if telemetry:
         result.telemetry = telemetry.stop()
     return result
+
+
+def _between_steps(hooks: Hooks, done: int, reader: _Reader, timer: StepTimer, result: LoopResult,
+                   last: int) -> bool:
+    """The hooks after `done` steps; True ends the loop. Their time is kept out of the step times."""
+    hooks.log(done, result, timer.elapsed(), len(timer.spans))
+    if not (hooks.due(done) or reader.stop or done == last):
+        return False
+    if not reader.read(done):  # every loss up to here, before an evaluation or a checkpoint
+        return True
+    timer.pause()
+    result.stopped = reader.stop
+    end = hooks.run(done, result, reader.stop)
+    timer.resume()
+    return end or reader.stop

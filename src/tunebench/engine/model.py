@@ -34,13 +34,16 @@ def transformer_blocks(model: nn.Module, num_layers: int) -> nn.ModuleList:
 
 
 class CausalLMWithLoss(nn.Module):
-    def __init__(self, model: nn.Module, vocab_size: int, fuse_head: bool = True):
+    def __init__(self, model: nn.Module, vocab_size: int, fuse_head: bool = True, masked_labels: bool = False):
         super().__init__()
         self.model = model
         self.vocab_size = vocab_size
         self.fuse_head = fuse_head  # False where the head's weight is only gathered by its own forward (ZeRO-3)
+        self.masked_labels = masked_labels  # real data: some labels are ignored (-100)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         hf = unwrap(self.model)
-        hidden = hf.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
-        return causal_lm_loss(hidden, hf.get_output_embeddings(), labels, self.vocab_size, fuse=self.fuse_head)
+        hidden = hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        return causal_lm_loss(hidden, hf.get_output_embeddings(), labels, self.vocab_size, fuse=self.fuse_head,
+                              masked=self.masked_labels)

@@ -10,26 +10,30 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from tunebench.config import RunConfig
 from tunebench.dist import SINGLE, DistContext
+from tunebench.engine.data import Batch
 
-MicroFn = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
+MicroFn = Callable[[Batch, bool], torch.Tensor]
 
 
 @dataclass
 class TrainStep:
-    micro: MicroFn  # (input ids, labels, sync grads?) -> this micro-batch's loss / grad_accum, detached
+    micro: MicroFn  # (batch, sync grads?) -> this micro-batch's loss / grad_accum, detached
     update: Callable[[], None]  # clip, optimizer step, zero grads (a no-op where micro does it all)
+    module: torch.nn.Module | None = None  # what the strategy wrapped (DDP, FSDP2 or DeepSpeed's engine)
+    optimizer: torch.optim.Optimizer | None = None  # the optimizer whose learning rate a schedule sets
+    state: Any = None  # the strategy's checkpoint access (engine.checkpoint.StateAccess)
 
 
 class Batches(Protocol):
-    """Where a step's micro-batches come from (engine.data): input ids and their shifted labels."""
+    """Where a step's micro-batches come from: synthetic tokens (engine.data) or a dataset (tunebench.data)."""
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def next(self) -> Batch: ...
 
 
 def autocast(cfg: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -45,10 +49,10 @@ def torch_step(module: torch.nn.Module, params: list[torch.nn.Parameter], optimi
     """The step of the PyTorch strategies (single, DDP, FSDP2); `no_sync` skips gradient reduction."""
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
 
-    def micro(ids: torch.Tensor, labels: torch.Tensor, sync: bool) -> torch.Tensor:
+    def micro(batch: Batch, sync: bool) -> torch.Tensor:
         with contextlib.nullcontext() if sync else no_sync():
             with autocast(cfg, device):
-                loss = module(ids, labels) / cfg.grad_accum
+                loss = module(*batch) / cfg.grad_accum
             (scaler.scale(loss) if scaler else loss).backward()
         return loss.detach().float()
 
@@ -64,19 +68,25 @@ def torch_step(module: torch.nn.Module, params: list[torch.nn.Parameter], optimi
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return TrainStep(micro, update)
+    return TrainStep(micro, update, module, optimizer)
 
 
 def optimizer_step_fn(ts: TrainStep, data: Batches, cfg: RunConfig, device: torch.device,
-                      ctx: DistContext = SINGLE) -> Callable[[], torch.Tensor]:
-    """One optimizer step over `grad_accum` micro-batches; returns the global mean loss (on device)."""
+                      ctx: DistContext = SINGLE, after_update: Callable[[], None] | None = None,
+                      stop_flag: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+    """One optimizer step over `grad_accum` micro-batches; returns the global mean loss (on device).
+
+    `after_update` runs after the optimizer (a learning-rate schedule). With `stop_flag` (a 0/1 tensor on the
+    device, set by a signal handler) the step returns [loss, stop] averaged over ranks in one all-reduce, so
+    every rank learns of a stop request at the same step."""
 
     def step() -> torch.Tensor:
         total = torch.zeros((), device=device)
         for k in range(cfg.grad_accum):
-            ids, labels = data.next()
-            total += ts.micro(ids, labels, k == cfg.grad_accum - 1)
+            total += ts.micro(data.next(), k == cfg.grad_accum - 1)
         ts.update()
-        return ctx.mean(total)
+        if after_update:
+            after_update()
+        return ctx.mean(total if stop_flag is None else torch.stack([total, stop_flag.float()]))
 
     return step

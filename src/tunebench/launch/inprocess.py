@@ -20,11 +20,15 @@ from tunebench.runner import cpu_note, execute, preflight
 class InProcess:
     progress: Callable[[RunConfig], AbstractContextManager[ProgressFn]] | None = None  # None: silent
 
-    def launch(self, cfg: RunConfig, plan: Plan | None = None) -> ResultRecord:
+    def launch(self, cfg: RunConfig, plan: Plan | None = None, inputs: dict | None = None) -> ResultRecord:
         started = time.perf_counter()
         plan = plan or preflight(cfg)
-        if self.progress and (note := cpu_note(plan)):
+        if (self.progress or inputs is not None) and (note := cpu_note(plan)):
             say(note)
+        if inputs is not None:
+            from tunebench.trainer.job import JobInputs, execute_train
+
+            return execute_train(plan, JobInputs.from_json(inputs), started)
         with (self.progress or _silent)(cfg) as progress:
             return execute(plan, progress, started)
 

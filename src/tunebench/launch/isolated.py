@@ -29,7 +29,7 @@ class Isolated:
     env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
     echo: bool = False  # show the child's output on stderr as it comes
 
-    def launch(self, cfg: RunConfig, plan=None) -> ResultRecord:
+    def launch(self, cfg: RunConfig, plan=None, inputs: dict | None = None) -> ResultRecord:
         with RunDir.temporary("tunebench-sweep-") as rundir:
             rundir.write_job({"config": cfg.model_dump()})
             done = run_group([sys.executable, "-m", "tunebench.launch.child", str(rundir.path)],

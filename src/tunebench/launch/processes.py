@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 PR_SET_PDEATHSIG = 1
@@ -51,11 +53,25 @@ class Finished:
     tail: list[str]  # the last lines of its output (stdout and stderr together)
 
 
+@contextlib.contextmanager
+def forwarded_signals(pid: int) -> Iterator[None]:
+    """SIGTERM and SIGINT to this process are passed on to `pid` (torchrun, which passes them to its ranks)
+    instead of ending this process: a training job's ranks then checkpoint and stop on their own."""
+    forward = lambda signum, frame: os.kill(pid, signum)  # noqa: E731
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def run_group(argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None,
-              echo: bool = False, keep: int = 120) -> Finished:
+              echo: bool = False, keep: int = 120, forward: bool = False) -> Finished:
     """Run `argv` in a process group of its own that dies with this process, keeping its last `keep` lines
     of output (echoed to stderr with `echo`). After `timeout` seconds, or when this process is interrupted,
-    the whole group is killed: the process, torchrun, every rank."""
+    the whole group is killed: the process, torchrun, every rank. With `forward`, SIGTERM and SIGINT are
+    passed on to it instead (see forwarded_signals)."""
     tail: collections.deque[str] = collections.deque(maxlen=keep)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, bufsize=1, preexec_fn=die_with_parent, errors="replace")
@@ -70,7 +86,8 @@ def run_group(argv: list[str], env: dict[str, str] | None = None, timeout: float
     reader.start()
     timed_out = False
     try:
-        proc.wait(timeout=timeout)
+        with forwarded_signals(proc.pid) if forward else contextlib.nullcontext():
+            proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc.pid)
         proc.wait()
@@ -88,7 +105,8 @@ def run_group(argv: list[str], env: dict[str, str] | None = None, timeout: float
     return Finished(proc.returncode, timed_out, list(tail))
 
 
-def run_torchrun(argv: list[str], env: dict[str, str], timeout: float | None = None) -> tuple[int, list[str]]:
+def run_torchrun(argv: list[str], env: dict[str, str], timeout: float | None = None,
+                 forward: bool = False) -> tuple[int, list[str]]:
     """Run torchrun, echoing its output to stderr; returns its exit code and last lines."""
-    done = run_group(argv, env, timeout, echo=True)
+    done = run_group(argv, env, timeout, echo=True, forward=forward)
     return done.code, done.tail

@@ -37,14 +37,15 @@ def torchrun_argv(cfg: RunConfig, nproc: int, rundir: Path) -> list[str]:
 
 @dataclass
 class Torchrun:
-    def launch(self, cfg: RunConfig, plan: Plan | None = None) -> ResultRecord | None:
+    def launch(self, cfg: RunConfig, plan: Plan | None = None, inputs: dict | None = None) -> ResultRecord | None:
         """Run `cfg` under torchrun on this node. None when rank 0 ran (and recorded) on another node."""
         plan = plan or preflight(cfg)  # bad input fails here, before any process starts
         nproc = nproc_per_node(cfg, plan.device)
         with RunDir.temporary() as rundir:
-            rundir.write_job({"config": cfg.model_dump()})
+            rundir.write_job({"config": cfg.model_dump(), "inputs": inputs})
+            # a training job's ranks stop on SIGTERM with a checkpoint: pass the signal on, wait for them
             code, tail = run_torchrun(torchrun_argv(cfg, nproc, rundir.path),
-                                      torchrun_env(nproc, plan.device.type == "cpu"))
+                                      torchrun_env(nproc, plan.device.type == "cpu"), forward=inputs is not None)
             if (text := rundir.result()) is not None:
                 return ResultRecord.model_validate_json(text)
             if code == 0 or cfg.node_rank != 0:

@@ -20,7 +20,7 @@ from tunebench.launch.processes import die_with_parent
 
 @record  # torchrun's failure summary then shows this rank's traceback
 def main(rundir_path: Path) -> None:
-    from tunebench.config import RunConfig
+    from tunebench.config import RunConfig, TrainConfig
     from tunebench.console.progress import run_progress
     from tunebench.dist import from_env, rank_session
     from tunebench.launch.rundir import RunDir
@@ -29,13 +29,20 @@ def main(rundir_path: Path) -> None:
 
     started = time.perf_counter()
     rundir = RunDir(rundir_path)
-    cfg = RunConfig.model_validate(rundir.job()["config"])
+    job = rundir.job()
+    inputs = job.get("inputs")
+    cfg = (TrainConfig if inputs is not None else RunConfig).model_validate(job["config"])
     ctx = from_env()
     plan = preflight(cfg, ctx.local_rank)
     with rank_session(ctx, plan.device, cfg.timeout):
         try:
-            with run_progress(cfg) as progress:
-                rec = execute(plan, progress, started, ctx, on_rank_figures=rundir.write_rank)
+            if inputs is not None:  # a training job: its hooks log; every rank runs it
+                from tunebench.trainer.job import JobInputs, execute_train
+
+                rec = execute_train(plan, JobInputs.from_json(inputs), started, ctx, rundir.write_rank)
+            else:
+                with run_progress(cfg) as progress:
+                    rec = execute(plan, progress, started, ctx, on_rank_figures=rundir.write_rank)
         except BaseException as err:
             rundir.write_error(ctx.rank, failure(err)[0], traceback.format_exc()[-4000:])
             raise

@@ -17,16 +17,26 @@ def synchronize(device: torch.device) -> None:
 
 
 class StepTimer:
+    """Marks around each timed step. `pause()`/`resume()` keep work between steps (evaluation, checkpoints)
+    out: the next step is measured from the resume, and the wall time leaves the pause out."""
+
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
-        self.marks: list = []
+        self.spans: list[tuple] = []  # (start mark, end mark) of each timed step
+        self._start = None
         self.t0 = 0.0
+        self.paused_s = 0.0
+        self._paused_at: float | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._start is not None
 
     def start(self) -> None:
         synchronize(self.device)
         self.t0 = time.perf_counter()
-        self.marks = [self._mark()]
+        self._start = self._mark()
 
     def _mark(self):
         if self.cuda:
@@ -36,17 +46,33 @@ class StepTimer:
         return time.perf_counter()
 
     def step_end(self) -> None:
-        self.marks.append(self._mark())
+        end = self._mark()
+        self.spans.append((self._start, end))
+        self._start = end
+
+    def elapsed(self) -> float:
+        """Host seconds in the timed region so far, pauses left out (0 before it starts)."""
+        return time.perf_counter() - self.t0 - self.paused_s if self.started else 0.0
+
+    def pause(self) -> None:
+        if self.started:
+            synchronize(self.device)
+            self._paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            synchronize(self.device)
+            self.paused_s += time.perf_counter() - self._paused_at
+            self._paused_at = None
+            self._start = self._mark()  # the next step is measured from here
 
     def finish(self) -> tuple[float, list[float]]:
-        """Wall seconds of the whole region and the seconds of each step in it."""
+        """Wall seconds of the whole region (pauses left out) and the seconds of each step in it."""
         synchronize(self.device)
-        wall = time.perf_counter() - self.t0
+        wall = time.perf_counter() - self.t0 - self.paused_s
         if self.cuda:
-            steps = [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        else:
-            steps = [b - a for a, b in zip(self.marks, self.marks[1:])]
-        return wall, steps
+            return wall, [a.elapsed_time(b) / 1e3 for a, b in self.spans]
+        return wall, [b - a for a, b in self.spans]
 
 
 def time_calls(fn, device: torch.device, iters: int, warmup: int = 0, before=None) -> list[float]:

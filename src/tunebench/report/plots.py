@@ -178,3 +178,21 @@ def infer_batches(records: list[ResultRecord], out: Path) -> Path | None:
         return None
     return _lines(series, "batch size", "generated tokens/s", "Inference throughput by batch size",
                   out / "inference.png", ylog=True)
+
+
+def loss_curves(jobs: list[ResultRecord], out: Path, names: dict) -> Path | None:
+    """Training loss per step (lines) and evaluation loss (points) of each training job."""
+    jobs = [r for r in jobs if r.metrics.losses]
+    if not jobs:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for r in jobs:
+        line, = ax.plot(range(1, len(r.metrics.losses) + 1), r.metrics.losses, label=f"{label(r, names)} train")
+        curve = r.metrics.job.eval_curve if r.metrics.job else []
+        if curve:
+            ax.plot([s for s, _ in curve], [v for _, v in curve], "o--", color=line.get_color(),
+                    label=f"{label(r, names)} eval")
+    ax.set(xlabel="optimizer step", ylabel="loss", title="Training jobs: loss curves")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _save(fig, out / "loss_curves.png")

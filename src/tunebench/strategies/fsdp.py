@@ -13,6 +13,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from tunebench.config import RunConfig
 from tunebench.engine.optim import build_optimizer
 from tunebench.engine.step import TrainStep, torch_step
+from tunebench.strategies.state import Sharded
 
 COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -34,4 +35,6 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
             module.set_requires_gradient_sync(True)
 
     params = [p for p in module.parameters() if p.requires_grad]
-    return torch_step(module, params, build_optimizer(params, cfg), cfg, device, no_sync=no_sync)
+    ts = torch_step(module, params, build_optimizer(params, cfg), cfg, device, no_sync=no_sync)
+    ts.state = Sharded(module, ts.optimizer, frozen_base=cfg.method != "full")
+    return ts

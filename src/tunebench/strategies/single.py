@@ -8,8 +8,11 @@ from torch import nn
 from tunebench.config import RunConfig
 from tunebench.engine.optim import build_optimizer
 from tunebench.engine.step import TrainStep, torch_step
+from tunebench.strategies.state import Replicated
 
 
 def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device, world_size: int) -> TrainStep:
     params = [p for p in module.parameters() if p.requires_grad]
-    return torch_step(module, params, build_optimizer(params, cfg), cfg, device)
+    ts = torch_step(module, params, build_optimizer(params, cfg), cfg, device)
+    ts.state = Replicated(module, ts.optimizer)
+    return ts

@@ -12,6 +12,7 @@ from torch import nn
 from tunebench.config import RunConfig
 from tunebench.engine.optim import build_optimizer
 from tunebench.engine.step import TrainStep
+from tunebench.strategies.state import DeepSpeedState
 
 
 def ds_config(cfg: RunConfig, stage: int, world_size: int) -> dict:
@@ -40,13 +41,16 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
     import deepspeed
 
     params = [p for p in module.parameters() if p.requires_grad]
-    engine, *_ = deepspeed.initialize(model=module, optimizer=build_optimizer(params, cfg),
-                                      config=ds_config(cfg, stage, world_size), dist_init_required=False)
+    optimizer = build_optimizer(params, cfg)
+    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config(cfg, stage, world_size),
+                                      dist_init_required=False)
 
-    def micro(ids: torch.Tensor, labels: torch.Tensor, sync: bool) -> torch.Tensor:
-        loss = engine(ids, labels)
+    def micro(batch, sync: bool) -> torch.Tensor:
+        loss = engine(*batch)
         engine.backward(loss)  # DeepSpeed divides by grad_accum itself
         engine.step()  # steps the optimizer only at the accumulation boundary
         return loss.detach().float() / cfg.grad_accum
 
-    return TrainStep(micro, update=lambda: None)
+    # `optimizer`: ours, whose param groups DeepSpeed's optimizer steps with (a schedule sets their lr)
+    return TrainStep(micro, update=lambda: None, module=engine, optimizer=optimizer,
+                     state=DeepSpeedState(engine, stage))

@@ -12,6 +12,7 @@ from tunebench.report.sections import (
     diagnostic,
     hardware,
     inference,
+    jobs,
     loading,
     memory,
     mfu,
@@ -23,7 +24,8 @@ from tunebench.report.sections import (
 )
 
 SECTIONS: list[Callable[[ReportContext], Section | None]] = [
-    summary.section, performance.section, step_times.section, memory.section, mfu.section, diagnostic.section,
+    summary.section, performance.section, jobs.section, step_times.section, memory.section, mfu.section,
+    diagnostic.section,
     scaling.section, cost.section, recommendations.section, hardware.section, loading.section, inference.section,
 ]
 

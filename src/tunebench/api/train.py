@@ -1,0 +1,138 @@
+"""`tunebench train`: a fine-tune on local data with the engine the benchmark measured.
+
+Checked (config, model, strategy, tokenizer, output folder, checkpoint) before anything heavy; the data
+tokenized once into the cache; the time and cost predicted from a stored benchmark of the same workload on
+this GPU; then launched here or under torchrun, and saved like every result, with the adapter or model in
+output_dir and the record beside it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tunebench.api.records import finalize
+from tunebench.config import RunConfig, TrainConfig, workload_key
+from tunebench.console import say
+from tunebench.data.prepare import Prepared, split_and_prepare
+from tunebench.data.tokenizer import fingerprint, load_tokenizer
+from tunebench.environment import environment
+from tunebench.errors import UserError
+from tunebench.files import write_text
+from tunebench.launch import launcher_for
+from tunebench.record import ResultRecord
+from tunebench.runner import preflight
+from tunebench.store import Store, check_store_path, held_store
+from tunebench.trainer import output
+from tunebench.trainer.job import JobInputs
+from tunebench.trainer.tracking import check as check_trackers
+
+PREEMPTED = 75  # exit code of a job stopped by a signal with its checkpoint saved (EX_TEMPFAIL: run it again)
+
+
+def total_steps(cfg: TrainConfig, rows: int, world: int) -> int:
+    micro_per_epoch = rows // (cfg.batch_size * world)
+    if micro_per_epoch == 0:
+        raise UserError(f"invalid batch_size={cfg.batch_size}: the data makes {rows} rows of {cfg.seq_len} tokens, "
+                        f"fewer than one global batch of {cfg.batch_size * world}")
+    return cfg.max_steps or max(1, round(cfg.epochs * micro_per_epoch / cfg.grad_accum))
+
+
+def predict(cfg: TrainConfig, precision: str, gpu: str | None, world: int, store: str | Path | None) -> dict | None:
+    """tokens/s of the newest ok benchmark of this workload on this GPU and world size, if the store has one
+    (`precision`: the one that runs, 'auto' made concrete)."""
+    if not store or not Path(store).is_file():
+        return None
+    key = workload_key(RunConfig, cfg.run_config().model_dump() | {"precision": precision})
+    with Store(store, create=False) as s:
+        recs = [r for r in s.records("train") if r.status == "ok" and r.metrics.tokens_per_s
+                and r.metrics.job is None and r.metrics.world_size == world
+                and (r.environment.get("gpu", {}).get("name") or None) == gpu
+                and workload_key(RunConfig, r.config | {"precision": r.metrics.precision or r.config.get(
+                    "precision")}) == key]
+    if not recs:
+        return None
+    r = recs[-1]
+    return {"tokens_per_s": r.metrics.tokens_per_s, "source": f"stored run {r.id[:12]}", "record_id": r.id}
+
+
+def _announce(cfg: TrainConfig, total: int, world: int, pred: dict | None, gpu: str | None) -> None:
+    tokens = total * cfg.batch_size * cfg.grad_accum * cfg.seq_len * world
+    line = f"train: {total:,} steps x {cfg.batch_size * cfg.grad_accum * world} x {cfg.seq_len} = {tokens:,} tokens"
+    if pred:
+        secs = tokens / pred["tokens_per_s"]
+        line += f"; expected {secs / 60:.1f} min from {pred['source']} ({pred['tokens_per_s']:,.0f} tokens/s)"
+        line += _cost(secs, world, gpu)
+    else:
+        line += f"; no stored benchmark of this workload on {gpu or 'this CPU'}: the time will be predicted from " \
+                "the first timed steps"
+    say(line)
+
+
+def _cost(secs: float, world: int, gpu: str | None) -> str:
+    from tunebench.report.cost import load_prices, offerings_for
+
+    offers = [o for o in offerings_for(gpu, load_prices()) if o.on_demand]
+    if not offers:
+        return ""
+    o = min(offers, key=lambda o: o.on_demand)
+    return f", ${secs / 3600 * world * o.on_demand:.2f} on demand at {o.provider}"
+
+
+def _prepare(cfg: TrainConfig, plan) -> tuple[JobInputs, Prepared]:
+    tok = load_tokenizer(cfg, plan.spec)
+    ck = output.claim(Path(cfg.output_dir), cfg.resume, cfg.overwrite)
+    train_rows, eval_rows = split_and_prepare(cfg, tok)
+    st = train_rows.stats
+    say(f"data: {st['examples']:,} examples ({st['shape']}) -> {st['rows']:,} rows of {st['seq_len']} tokens, "
+        f"{st['tokens']:,} tokens ({st['trained_tokens']:,} trained); {st['truncated']} truncated, {st['split']} "
+        f"split, {st['dropped']} dropped" + (f"; validation {eval_rows.stats['rows']:,} rows" if eval_rows else ""))
+    identity = {"config": cfg.run_config().model_copy(update={"fault": None}).config_hash(),
+                "data": st["fingerprint"], "tokenizer": fingerprint(tok),
+                "seq_len": cfg.seq_len, "world_size": plan.world_size}
+    if ck:
+        output.check_resume(ck, identity)
+        say(f"train: resuming from {ck}")
+    tok_dir = cfg.tokenizer or str(plan.spec.path)
+    inputs = JobInputs(str(train_rows.path), str(eval_rows.path) if eval_rows else None, tok_dir,
+                       total_steps(cfg, train_rows.rows, plan.world_size), identity, str(ck) if ck else None)
+    return inputs, train_rows
+
+
+def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | None:
+    """The whole job; its record is saved to `store` (and written to output_dir/record.json)."""
+    plan = preflight(cfg)
+    check_trackers(cfg.track)
+    if store:
+        check_store_path(store)  # bad input below (the data) must leave nothing behind, not even a store
+    inputs, _ = _prepare(cfg, plan)
+    with held_store(store):
+        gpu = environment(plan.device)["gpu"]["name"]
+        inputs.prediction = predict(cfg, plan.cfg.precision, gpu, plan.world_size, store)
+        _announce(cfg, inputs.total, plan.world_size, inputs.prediction, gpu)
+        output.write_identity(Path(cfg.output_dir), inputs.identity, cfg)
+        started = time.perf_counter()
+        rec = launcher_for(cfg).launch(cfg, plan, inputs.to_json())
+    if rec is None:
+        return None
+    rec = finalize(rec, store)
+    write_text(Path(cfg.output_dir) / "record.json", rec.model_dump_json(indent=1))
+    _summary(rec, time.perf_counter() - started)
+    return rec
+
+
+def _summary(rec: ResultRecord, wall: float) -> None:
+    job, m = rec.metrics.job, rec.metrics
+    if job is None:
+        say(f"train: {rec.status}: {(rec.error or '').strip().splitlines()[-1:] or ''}")
+        return
+    line = f"train: {job.exit} after {job.steps:,}/{job.planned_steps:,} steps in {wall / 60:.1f} min"
+    if job.predicted_s and job.steps == job.planned_steps and m.tokens_per_s:
+        actual = job.tokens / m.tokens_per_s
+        line += f"; training time {actual / 60:.1f} min against {job.predicted_s / 60:.1f} min predicted " \
+                f"({actual / job.predicted_s - 1:+.1%})"
+    if job.eval_loss is not None:
+        line += f"; eval loss {job.eval_loss:.4f} (perplexity {job.eval_perplexity:.2f})"
+    if job.outputs:
+        line += "; " + ", ".join(f"{k} in {v}" for k, v in job.outputs.items())
+    say(line)

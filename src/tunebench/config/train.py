@@ -1,0 +1,96 @@
+"""TrainConfig: a real fine-tune on the user's data, with every RunConfig key plus data, schedule and output keys.
+
+The run keys mean what they mean to `tunebench run` (the benchmark measured the same engine); `warmup`
+is the number of first steps left out of the throughput figures, as there. The data keys are checked here
+as far as can be without reading the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tunebench.config.base import LAUNCH
+from tunebench.config.run import MAX_STEPS, RunConfig
+
+DataFormat = Literal["auto", "text", "pairs", "chat"]
+Schedule = Literal["cosine", "linear", "constant"]
+TRACKERS = ("tensorboard", "mlflow")
+
+
+class TrainConfig(RunConfig):
+    """`tunebench train`: fine-tune on local data with the benchmark's engine, checkpointed and resumable."""
+
+    steps: int | None = Field(None, gt=0, le=MAX_STEPS, description="alias of max_steps")
+    warmup: int = Field(5, ge=0, description="first steps left out of tokens/s and MFU (compilation, allocator)")
+    data: str = Field(..., description="training data: a JSONL/JSON, CSV, Parquet or text file, a folder of them, "
+                                       "or a folder written by datasets' save_to_disk")
+    data_format: DataFormat = Field("auto", description="text, pairs (prompt/completion) or chat (messages); auto "
+                                                        "looks at the fields")
+    text_field: str = "text"
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    messages_field: str = "messages"
+    train_on_prompt: bool = Field(False, description="pairs and chat: also train on the prompt / non-assistant tokens")
+    packing: bool | None = Field(None, description="pack several examples into one seq_len row (default: on for "
+                                                   "text, off for pairs and chat)")
+    eval_data: str | None = Field(None, description="validation data (same formats as data)")
+    eval_fraction: float = Field(0.0, ge=0, lt=1, description="hold out this fraction of data for validation "
+                                                               "(fixed seed) when there is no eval_data")
+    eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: at the end only, when there is "
+                                                 "validation data)")
+    eval_batches: int | None = Field(None, gt=0, description="at most this many batches per evaluation (default all)")
+    tokenizer: str | None = Field(None, description="tokenizer directory (default: the model's own directory)")
+    output_dir: str = Field("tunebench-output", description="checkpoints, the final adapter or model, the record",
+                            json_schema_extra=LAUNCH)
+    epochs: float = Field(1.0, gt=0, le=10_000)
+    max_steps: int | None = Field(None, gt=0, le=MAX_STEPS, description="stop after this many optimizer steps "
+                                                                        "(wins over epochs)")
+    schedule: Schedule = "cosine"
+    warmup_steps: int = Field(0, ge=0, description="learning-rate warmup steps (linear from 0)")
+    log_every: int = Field(10, gt=0, description="a log line (loss, tokens/s, MFU, memory, ETA) every N steps")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)",
+                            json_schema_extra=LAUNCH)
+    keep_checkpoints: int = Field(2, gt=0, description="keep the last K checkpoints", json_schema_extra=LAUNCH)
+    resume: str | None = Field(None, description="latest, auto (latest if there is one), or a checkpoint folder",
+                               json_schema_extra=LAUNCH)
+    overwrite: bool = Field(False, description="start anew in an output_dir that holds another run",
+                            json_schema_extra=LAUNCH)
+    merge: bool = Field(False, description="LoRA/QLoRA: also write the base with the adapter merged in (bf16)")
+    track: list[str] = Field(default_factory=list, description="tensorboard and/or mlflow (local files in "
+                                                               "output_dir)", json_schema_extra=LAUNCH)
+    target_eval_loss: float | None = Field(None, gt=0, description="record the time until eval loss reaches this")
+
+    @field_validator("track", mode="before")
+    @classmethod
+    def _track(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [v]
+        return [t.strip() for x in v for t in str(x).split(",") if t.strip()] if isinstance(v, list) else v
+
+    @field_validator("track")
+    @classmethod
+    def _known_trackers(cls, v: list[str]) -> list[str]:
+        unknown = [t for t in v if t not in TRACKERS]
+        if unknown:
+            raise ValueError(f"unknown tracker {unknown[0]!r}: use tensorboard and/or mlflow")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> TrainConfig:  # replaces RunConfig's: steps are the data's, or max_steps
+        if self.steps is not None and self.max_steps is None:
+            object.__setattr__(self, "max_steps", self.steps)
+        if self.max_steps is not None and self.max_steps <= self.warmup:
+            raise ValueError(f"max_steps={self.max_steps} must be greater than warmup={self.warmup} (the first "
+                             "warmup steps are left out of tokens/s)")
+        if self.eval_data and self.eval_fraction:
+            raise ValueError("give eval_data or eval_fraction, not both")
+        if self.resume not in (None, "latest", "auto") and not self.resume.strip():
+            raise ValueError("resume must be latest, auto or a checkpoint folder")
+        return self._check_shape_and_nodes()
+
+    def run_config(self) -> RunConfig:
+        """The benchmark configuration of this job: what `tunebench run` measures for it."""
+        keys = set(RunConfig.model_fields) - {"steps", "warmup"}
+        return RunConfig.model_validate({k: getattr(self, k) for k in keys} | {"steps": 20, "warmup": 10})

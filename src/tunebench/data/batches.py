@@ -1,0 +1,70 @@
+"""Prepared rows served to the training loop, one micro-batch at a time, resumably.
+
+Every rank walks the same seeded order of rows (a new permutation each epoch) and takes its own slice of
+each global micro-batch, so N ranks see what one process with N times the batch sees. The position (epoch,
+micro-batches taken) is all a checkpoint needs to continue exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tunebench.data.prepare import Prepared
+from tunebench.engine.data import Batch
+from tunebench.errors import UserError
+
+
+@dataclass
+class Position:
+    epoch: int = 0
+    micro: int = 0  # global micro-batches taken in this epoch
+
+
+def _to(device: torch.device, a: np.ndarray) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a)).long()
+    # pinned, so the copy does not make the host wait for the GPU's queue
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+class DatasetBatches:
+    def __init__(self, prepared: Prepared, batch_size: int, device: torch.device, seed: int, rank: int = 0,
+                 world_size: int = 1, start: Position | None = None):
+        self.ids, self.labels, self.positions = prepared.arrays()
+        self.batch, self.rank, self.global_batch = batch_size, rank, batch_size * world_size
+        self.per_epoch = len(self.ids) // self.global_batch  # micro-batches per epoch (a partial one is dropped)
+        if self.per_epoch == 0:
+            raise UserError(f"invalid batch_size={batch_size}: the data has {len(self.ids)} rows of seq_len "
+                            f"{prepared.stats['seq_len']}, fewer than one global batch of {self.global_batch}")
+        self.device, self.seed = device, seed
+        self.pos = start or Position()
+        self._order = self._permutation(self.pos.epoch)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng(self.seed + epoch).permutation(len(self.ids))
+
+    def next(self) -> Batch:
+        if self.pos.micro >= self.per_epoch:
+            self.pos = Position(self.pos.epoch + 1, 0)
+            self._order = self._permutation(self.pos.epoch)
+        first = self.pos.micro * self.global_batch + self.rank * self.batch
+        rows = np.sort(self._order[first:first + self.batch])  # sorted: memory-mapped reads go forward
+        self.pos = Position(self.pos.epoch, self.pos.micro + 1)
+        return Batch(_to(self.device, self.ids[rows]), _to(self.device, self.labels[rows]),
+                     None if self.positions is None else _to(self.device, self.positions[rows]))
+
+
+def eval_batches(prepared: Prepared, batch_size: int, device: torch.device, rank: int = 0, world_size: int = 1,
+                 limit: int | None = None) -> Iterator[Batch]:
+    """This rank's share of the validation rows, in order (at most `limit` batches per rank)."""
+    ids, labels, positions = prepared.arrays()
+    share = range(rank, len(ids), world_size)
+    for n, i in enumerate(range(0, len(share), batch_size)):
+        if limit is not None and n >= limit:
+            return
+        rows = np.asarray(share[i:i + batch_size])
+        yield Batch(_to(device, ids[rows]), _to(device, labels[rows]),
+                    None if positions is None else _to(device, positions[rows]))

@@ -1,0 +1,75 @@
+"""The trained model out: a peft adapter (LoRA/QLoRA) or the full model, with the tokenizer beside it, and
+with `merge` the base with the adapter merged in, in bf16, loadable by `AutoModelForCausalLM.from_pretrained`.
+
+A QLoRA base is merged as it trained: each 4-bit weight dequantized to bf16, then the adapter added. Every
+folder is written aside and renamed into place.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tunebench.dist import DistContext
+
+
+def _aside(dest: Path):
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+
+
+def _into_place(tmp: Path, dest: Path) -> Path:
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def write_outputs(trainable, cfg, spec, tokenizer, out: Path, ctx: DistContext) -> dict[str, str]:
+    """Every rank calls this (a sharded strategy gathers the weights); rank 0 writes and returns the paths."""
+    sd = trainable.ts.state.export(ctx)
+    if not ctx.is_main:
+        return {}
+    model = trainable.model
+    name = "model" if cfg.method == "full" else "adapter"
+    tmp = _aside(out / name)
+    model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    paths = {name: str(_into_place(tmp, out / name))}
+    if cfg.merge and cfg.method != "full":
+        paths["merged"] = str(merge(model, sd, cfg, spec, tokenizer, out / "merged"))
+    return paths
+
+
+def _dequantized(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Each 4-bit weight of the live model, dequantized to bf16, by its state-dict name."""
+    import bitsandbytes.functional as bf
+
+    out = {}
+    for name, m in model.named_modules():
+        if type(m).__name__ == "Linear4bit" and getattr(m.weight, "quant_state", None) is not None:
+            out[f"{name}.weight"] = bf.dequantize_4bit(m.weight.data, m.weight.quant_state).to(torch.bfloat16).cpu()
+    return out
+
+
+def merge(model: torch.nn.Module, sd: dict[str, Any], cfg, spec, tokenizer, dest: Path) -> Path:
+    """The base with the adapter merged in: a fresh bf16 copy on the CPU, the trained weights loaded, merged."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    sd = {k: v for k, v in sd.items()} | (_dequantized(model) if cfg.method == "qlora" else {})
+    fresh = AutoModelForCausalLM.from_config(spec.hf_config, dtype=torch.bfloat16)
+    fresh = get_peft_model(fresh, model.peft_config["default"])
+    wanted = fresh.state_dict()
+    missing = [k for k in wanted if k not in sd]
+    if missing:
+        raise RuntimeError(f"cannot merge: the trained weights lack {missing[:3]}")
+    fresh.load_state_dict({k: sd[k].to(torch.bfloat16).cpu() for k in wanted}, strict=True)
+    merged = fresh.merge_and_unload()
+    tmp = _aside(dest)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    return _into_place(tmp, dest)

@@ -1,0 +1,61 @@
+"""The output folder of a training job: whose it is, and whether this job may write into it.
+
+    output_dir/run.json       the job's identity (configuration hash, data and tokenizer fingerprints,
+                              world size): written when the job starts
+    checkpoints/  adapter/ or model/  merged/  record.json  tensorboard/  mlruns/
+
+A folder that holds another job is refused unless the job resumes it (--resume) or starts anew
+(--overwrite, which removes the previous job's own files and nothing else). A checkpoint of another
+configuration, data, tokenizer or world size is refused: it would not continue exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tunebench.engine import checkpoint
+from tunebench.errors import UserError
+from tunebench.files import write_text
+
+OWN = ("checkpoints", "adapter", "model", "merged", "run.json", "record.json", "tensorboard", "mlruns")
+
+
+def claim(out: Path, resume: str | None, overwrite: bool) -> Path | None:
+    """Check the folder before anything is computed; the checkpoint to resume from (or None)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"invalid output_dir={out}: is a file")
+    ours = (out / "run.json").is_file()
+    foreign = out.is_dir() and any(p.name not in OWN and not p.name.startswith(".") for p in out.iterdir())
+    if foreign and not overwrite:
+        raise UserError(f"invalid output_dir={out}: holds files that are not a tunebench training job; give a new "
+                        "folder (or --overwrite to write beside them)")
+    if overwrite:
+        for name in OWN:
+            shutil.rmtree(out / name, ignore_errors=True) if (out / name).is_dir() else (out / name).unlink(
+                missing_ok=True)
+        return None
+    if resume:
+        return checkpoint.find(out, resume)
+    if ours:
+        n = len(checkpoint.complete(out))
+        raise UserError(f"invalid output_dir={out}: holds another training job ({n} checkpoint(s)); give --resume "
+                        "latest to continue it, or --overwrite to start anew")
+    return None
+
+
+def check_resume(ck: Path, identity: dict[str, Any]) -> None:
+    """The checkpoint must be of this job: same configuration, data, tokenizer and world size."""
+    theirs = checkpoint.read_state(ck).get("identity", {})
+    differs = [k for k in identity if theirs.get(k) != identity[k]]
+    if differs:
+        what = ", ".join(f"{k} ({theirs.get(k)} there, {identity[k]} here)" for k in differs)
+        raise UserError(f"invalid resume={ck}: the checkpoint is of another job: {what}; resume with the same "
+                        "configuration (a different world size cannot continue the same data order)")
+
+
+def write_identity(out: Path, identity: dict[str, Any], cfg) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "run.json", json.dumps({"identity": identity, "config": cfg.model_dump()}, indent=1))

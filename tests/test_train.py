@@ -1,0 +1,306 @@
+"""`tunebench train` on the CPU: a tiny local model with a tokenizer trained here, learnable data made here.
+
+Checks that it learns, that a resumed job equals an uninterrupted one, that a signal costs at most one step,
+that packing keeps examples apart, that the outputs load in transformers, and each bad input's one line.
+"""
+
+import json
+import math
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import cli_subprocess
+from tunebench.store import Store
+
+WORDS = "zero one two three four five six seven eight nine ten".split()
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """A local model folder (Llama shape, random weights) with a BPE tokenizer trained on the data."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("train")
+    rng = random.Random(0)
+    texts = []
+    for _ in range(400):
+        a, n = rng.randrange(0, 6), rng.randrange(3, 6)
+        texts.append(" ".join(WORDS[a:a + n]))
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>",
+                                                                                       "<unk>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+    fast.save_pretrained(root / "model")
+    cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(root / "model")
+    (root / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (root / "pairs.jsonl").write_text("".join(json.dumps({"prompt": " ".join(t.split()[:2]),
+                                                          "completion": " " + " ".join(t.split()[2:])}) + "\n"
+                                              for t in texts[:200]))
+    (root / "chat.jsonl").write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": " ".join(t.split()[:2])},
+        {"role": "assistant", "content": " ".join(t.split()[2:])}]}) + "\n" for t in texts[:200]))
+    return root
+
+
+def _args(local, *extra: str) -> list[str]:
+    return ["train", "--model", str(local / "model"), "--data", str(local / "text.jsonl"), "--seq-len", "64",
+            "--batch-size", "4", "--lr", "3e-3", "--device", "cpu", "--precision", "fp32", *extra]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNEBENCH_CACHE", str(tmp_path / "cache"))
+
+
+def _json(tb, *argv) -> dict:
+    code, out, err = tb(*argv, "--json")
+    rec = json.loads(out)
+    assert code == 0, err
+    return rec
+
+
+def test_it_learns_and_writes_everything(tb, local, tmp_path):
+    store = tmp_path / "r.db"
+    rec = _json(tb, *_args(local, "--max-steps", "30", "--eval-fraction", "0.1", "--eval-every", "10",
+                           "--output-dir", str(tmp_path / "out"), "--store", str(store), "--track",
+                           "tensorboard,mlflow"))
+    job = rec["metrics"]["job"]
+    curve = [loss for _, loss in job["eval_curve"]]
+    assert [s for s, _ in job["eval_curve"]] == [0, 10, 20, 30]
+    assert curve[0] == pytest.approx(math.log(320), abs=0.5)  # an untrained model: about ln(vocabulary)
+    assert curve[-1] < curve[0] - 2.0  # eval loss falls well below its start
+    assert job["eval_perplexity"] == pytest.approx(math.exp(curve[-1]))
+    assert len(rec["metrics"]["losses"]) == 30 and job["steps"] == 30 and job["exit"] == "completed"
+    assert job["data"]["shape"] == "text" and job["data"]["packing"] and job["data"]["examples"] > 300
+    assert rec["metrics"]["tokens_per_s"] > 0 and rec["metrics"]["timed_steps"] == 25  # warmup 5 left out
+    out = tmp_path / "out"
+    assert (out / "model" / "config.json").is_file() and (out / "model" / "tokenizer.json").is_file()
+    assert json.loads((out / "record.json").read_text())["id"] == rec["id"]
+    assert [r.id for r in Store(store).records()] == [rec["id"]]
+    assert list((out / "tensorboard").glob("events.*"))
+    assert list((out / "mlruns").rglob("metrics/eval_loss"))
+    code, _, err = tb("report", "--store", str(store), "--out", str(tmp_path / "rep"))
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert code == 0 and "## Training jobs" in md and (tmp_path / "rep" / "loss_curves.png").is_file()
+
+
+def test_resumed_equals_uninterrupted(tb, local, tmp_path):
+    whole = _json(tb, *_args(local, "--max-steps", "12", "--output-dir", str(tmp_path / "a"), "--no-store"))
+    p = cli_subprocess(*_args(local, "--max-steps", "12", "--save-every", "6", "--fault", "abort@7",
+                              "--output-dir", str(tmp_path / "b"), "--no-store"), timeout=300)
+    assert p.returncode != 0 and (tmp_path / "b" / "checkpoints" / "step-000006" / "state.json").is_file()
+    resumed = _json(tb, *_args(local, "--max-steps", "12", "--save-every", "6", "--resume", "latest",
+                               "--output-dir", str(tmp_path / "b"), "--no-store"))
+    assert resumed["metrics"]["job"]["resumed_from"].endswith("step-000006")
+    assert resumed["metrics"]["losses"] == pytest.approx(whole["metrics"]["losses"], abs=1e-5)
+
+
+def test_a_signal_costs_at_most_one_step(local, tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "tunebench.cli", *_args(local, "--max-steps", "100000",
+                                                                        "--log-every", "1", "--output-dir", str(out),
+                                                                        "--json", "--no-store")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = 0
+    for line in p.stderr:
+        if line.startswith("train: step "):
+            seen = int(line.split()[2].split("/")[0])
+            if seen >= 8:
+                p.send_signal(signal.SIGTERM)
+                break
+    rest, _ = p.communicate(timeout=120)
+    assert p.returncode == 75  # preempted, with its checkpoint saved
+    rec = json.loads(rest)
+    saved = json.loads(next((out / "checkpoints").glob("step-*/state.json")).read_text())["step"]
+    assert rec["metrics"]["job"]["exit"] == "preempted" and seen <= saved <= seen + 1
+
+
+def test_pairs_and_chat_train_on_the_answer(tb, local, tmp_path):
+    for shape in ("pairs", "chat"):
+        rec = _json(tb, *_args(local, "--data", str(local / f"{shape}.jsonl"), "--max-steps", "8", "--method",
+                               "lora", "--output-dir", str(tmp_path / shape), "--no-store"))
+        d = rec["metrics"]["job"]["data"]
+        assert d["shape"] == shape and not d["packing"] and 0 < d["trained_tokens"] < d["tokens"] - d["examples"]
+        everything = _json(tb, *_args(local, "--data", str(local / f"{shape}.jsonl"), "--max-steps", "8",
+                                      "--method", "lora", "--train-on-prompt", "--output-dir",
+                                      str(tmp_path / f"{shape}-all"), "--no-store"))["metrics"]["job"]["data"]
+        # every token but each example's first is a label once the prompt trains too
+        assert everything["trained_tokens"] == everything["tokens"] - everything["examples"]
+
+
+def test_packing_keeps_examples_apart(local):
+    """A packed row gives each example the logits it gets alone: no attention crosses examples."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(local / "model", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(local / "model")
+    a, b = tok("one two three four")["input_ids"], tok("seven eight nine ten")["input_ids"]
+    packed = torch.tensor([a + b])
+    positions = torch.tensor([list(range(len(a))) + list(range(len(b)))])
+    with torch.no_grad():
+        together = model(input_ids=packed, position_ids=positions, use_cache=False).logits[0, len(a):]
+        alone = model(input_ids=torch.tensor([b]), use_cache=False).logits[0]
+        leaky = model(input_ids=packed, use_cache=False).logits[0, len(a):]
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-4)
+    assert (leaky - alone).abs().max() > 1e-3  # without the reset positions, b would see a
+
+
+def test_merged_model_loads_and_equals_the_adapter(tb, local, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    rec = _json(tb, *_args(local, "--method", "lora", "--max-steps", "8", "--merge", "--output-dir", str(out),
+                           "--no-store"))
+    assert set(rec["metrics"]["job"]["outputs"]) == {"adapter", "merged"}
+    ids = torch.tensor([[1, 5, 9, 12, 7]])
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(local / "model", dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, out / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=2e-2, rtol=2e-2)  # merged in bf16
+    code, _, err = tb("infer", "--model", str(out / "merged"), "--device", "cpu", "--precisions", "bf16",
+                      "--batch-sizes", "1", "--prompt-len", "4", "--new-tokens", "3", "--repeats", "1", "--no-store")
+    assert code == 0, err
+
+
+def test_qlora_merge_dequantizes(tb, local, tmp_path):
+    rec = _json(tb, *_args(local, "--method", "qlora", "--max-steps", "6", "--merge", "--output-dir",
+                           str(tmp_path / "q"), "--no-store", "--precision", "bf16"))
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "q" / "merged")
+    assert rec["status"] == "ok" and all(p.dtype == torch.bfloat16 for p in merged.parameters())
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--data", "/no/such/data.jsonl"], "does not exist"),
+    (["--data", "{empty}"], "empty"),
+    (["--data", "{fields}"], "the data has: question, answer"),
+    (["--data", "{roles}"], "unknown role 'wizard'"),
+    (["--model", "tiny-llama"], "no tokenizer"),
+    (["--tokenizer", "{bigtok}"], "more than the model's"),
+    (["--resume", "latest"], "no complete checkpoint"),
+    (["--output-dir", "{taken}"], "holds another training job"),
+    (["--output-dir", "{foreign}"], "not a tunebench training job"),
+    (["--track", "wandb"], "unknown tracker"),
+])
+def test_bad_input_is_one_line(tb, local, tmp_path, extra, needle):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "fields.jsonl").write_text(json.dumps({"question": "a", "answer": "b"}) + "\n")
+    (tmp_path / "roles.jsonl").write_text(json.dumps({"messages": [{"role": "wizard", "content": "x"}]}) + "\n")
+    (tmp_path / "taken" ).mkdir()
+    (tmp_path / "taken" / "run.json").write_text("{}")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "thesis.tex").write_text("mine")
+    big = tmp_path / "bigtok"
+    from transformers import AutoTokenizer
+
+    t = AutoTokenizer.from_pretrained(local / "model")
+    t.add_tokens([f"tok{i}" for i in range(400)])
+    t.save_pretrained(big)
+    names = {"{empty}": "empty.jsonl", "{fields}": "fields.jsonl", "{roles}": "roles.jsonl", "{bigtok}": "bigtok",
+             "{taken}": "taken", "{foreign}": "foreign"}
+    extra = [str(tmp_path / names[x]) if x in names else x for x in extra]
+    args = _args(local, "--max-steps", "8", "--output-dir", str(tmp_path / "new"), "--store", str(tmp_path / "r.db"))
+    code, out, err = tb(*args, *extra)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "new").exists() and not (tmp_path / "r.db").exists()
+
+
+def test_resume_refuses_another_job(tb, local, tmp_path):
+    out = tmp_path / "out"
+    _json(tb, *_args(local, "--max-steps", "6", "--output-dir", str(out), "--no-store"))
+    code, _, err = tb(*_args(local, "--max-steps", "6", "--lr", "1e-4", "--output-dir", str(out), "--resume",
+                             "latest", "--no-store"))
+    assert code == 2 and "checkpoint is of another job: config" in err
+
+
+def test_prediction_from_a_stored_benchmark(tb, local, tmp_path):
+    store = tmp_path / "r.db"
+    bench = json.loads(tb("run", "--model", str(local / "model"), "--seq-len", "64", "--batch-size", "4", "--lr",
+                          "3e-3", "--device", "cpu", "--precision", "fp32", "--steps", "8", "--warmup", "2",
+                          "--store", str(store), "--json")[1])
+    code, out, err = tb(*_args(local, "--max-steps", "10", "--output-dir", str(tmp_path / "o"), "--store",
+                               str(store), "--json"))
+    job = json.loads(out)["metrics"]["job"]
+    assert code == 0 and job["predicted_from"] == f"stored run {bench['id'][:12]}" and "expected" in err
+    assert job["predicted_s"] == pytest.approx(10 * 4 * 64 / bench["metrics"]["tokens_per_s"])
+
+
+def test_fsdp_job_checkpointed_and_resumed(local, tmp_path):
+    common = _args(local, "--strategy", "fsdp", "--nproc-per-node", "2", "--batch-size", "2", "--max-steps", "8",
+                   "--no-store", "--json")
+    whole = json.loads(cli_subprocess(*common, "--output-dir", str(tmp_path / "a"), timeout=300).stdout)
+    cut = cli_subprocess(*common, "--save-every", "4", "--fault", "raise@5", "--output-dir", str(tmp_path / "b"),
+                         timeout=300)
+    assert cut.returncode != 0
+    resumed = json.loads(cli_subprocess(*common, "--save-every", "4", "--resume", "latest", "--output-dir",
+                                        str(tmp_path / "b"), timeout=300).stdout)
+    assert resumed["metrics"]["job"]["resumed_from"].endswith("step-000004")
+    assert resumed["metrics"]["losses"] == pytest.approx(whole["metrics"]["losses"], abs=1e-5)
+    wrong = cli_subprocess(*[a if a != "2" or i != common.index("--nproc-per-node") + 1 else "1"
+                             for i, a in enumerate(common)], "--resume", "latest", "--output-dir",
+                           str(tmp_path / "b"), timeout=300)
+    assert wrong.returncode == 2 and "world_size" in wrong.stderr
+
+
+def test_deployed_job_resumes_when_its_pod_restarts(tb, local, tmp_path):
+    """The exact pod command of a Kubernetes deployment, run twice: the second pod continues the first."""
+    import os
+
+    import yaml
+
+    out = tmp_path / "vol" / "job"
+    user = _args(local, "--max-steps", "8", "--save-every", "4", "--output-dir", str(out), "--log-every", "2")
+    path = tmp_path / "job.yaml"
+    code, _, err = tb("deploy", "k8s", "--name", "ft", "--image", "r/tb:1", "--kind", "indexed-job", "--pvc", "vol",
+                      "--max-restarts", "3", "-o", str(path), "--", *user)
+    assert code == 0, err
+    job = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Job"][0]
+    cmd = [a.replace("$(NODE_RANK)", "0") for a in job["spec"]["template"]["spec"]["containers"][0]["command"]]
+    assert cmd[:2] == ["tunebench", "train"] and "--resume" in cmd and cmd[cmd.index("--resume") + 1] == "auto"
+    assert job["spec"]["backoffLimit"] == 3  # a failed pod is replaced, and resumes
+    env = os.environ | {"TUNEBENCH_STORE": str(tmp_path / "vol" / "r.db")}
+    first = subprocess.run([sys.executable, "-m", "tunebench.cli", *cmd[1:], "--fault", "abort@6"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode != 0 and (out / "checkpoints" / "step-000004").is_dir()
+    second = subprocess.run([sys.executable, "-m", "tunebench.cli", *cmd[1:]], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming from" in second.stderr and (out / "model" / "config.json").is_file()
+    log = tmp_path / "pod.log"
+    log.write_text(second.stdout)
+    code, collected, _ = tb("collect", str(log), "--store", str(tmp_path / "c.db"))
+    assert code == 0 and "1 records found, 1 new" in collected
+
+
+def test_a_signal_to_a_distributed_job_reaches_every_rank(local, tmp_path):
+    """As a pod eviction does: SIGTERM to tunebench itself, which passes it to torchrun and its ranks."""
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "tunebench.cli", *_args(local, "--strategy", "ddp", "--nproc-per-node",
+                                                                        "2", "--batch-size", "2", "--max-steps",
+                                                                        "100000", "--log-every", "5", "--output-dir",
+                                                                        str(out), "--json", "--no-store")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:
+        if line.startswith("train: step 10/"):
+            p.send_signal(signal.SIGTERM)
+            break
+    rest, _ = p.communicate(timeout=180)
+    assert p.returncode == 75
+    job = json.loads(rest)["metrics"]["job"]
+    assert job["exit"] == "preempted" and (out / "checkpoints" / f"step-{job['steps']:06d}" / "state.json").is_file()
