@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--run-timeout", type=float, default=3600.0, help="seconds one configuration may take "
                                                                       "(default 3600); then status timeout")
     sw.add_argument("--json", action="store_true", help="print the sweep's records as JSON")
+    sw.add_argument("--definition", help="run one task of a deployed sweep: its definition (JSON, written by "
+                                         "tunebench deploy --sweep)")
+    sw.add_argument("--index", help="with --definition: the task's index, or auto (JOB_COMPLETION_INDEX or "
+                                    "SLURM_ARRAY_TASK_ID)")
+    sw.add_argument("--group", help="with --definition: the GPU-count group the index counts in (Kubernetes)")
+    sw.add_argument("--print-result", action="store_true", help="with --definition: print the record between "
+                                                                "markers for tunebench collect")
     _store_arg(sw)
 
     con = sub.add_parser("consistency", help="the same config on each local GPU in turn (or stored runs from "
@@ -72,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--time")
     slurm.add_argument("--store", help="results store path on the cluster's shared file system")
     for p in (k8s, slurm):
+        p.add_argument("--sweep", metavar="SUITE", help="spread a suite (built-in or YAML) over the cluster: one task "
+                                                        "per configuration (no arguments after --)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="with --sweep: override a config key")
+        p.add_argument("--repeats", type=int, help="with --sweep: runs per configuration (default 1)")
+        p.add_argument("--parallelism", type=int, default=4, help="with --sweep: tasks at once (default 4)")
+        p.add_argument("--resume", metavar="SWEEP_ID", help="deploy only the tasks this sweep has no ok result for "
+                                                            "(from the local store)")
+        p.add_argument("--sweep-store", help="the local store the sweep is registered in and resumed from "
+                                             "(default $TUNEBENCH_STORE or ./tunebench-results/results.db)")
         p.add_argument("--nodes", type=int, default=1)
         p.add_argument("--gpus-per-node", type=int, default=1)
         p.add_argument("-o", "--output", help="write here instead of stdout")

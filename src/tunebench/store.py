@@ -174,10 +174,15 @@ class Store:
             raise UserError(f"result {rows[0][0][:12]} cannot be read: {self.skipped[-1].split(': ', 1)[1]}")
         return rec
 
-    def save_sweep(self, sweep_id: str, name: str, created_at: str, definition: dict) -> None:
+    def save_sweep(self, sweep_id: str, name: str, created_at: str, definition: dict, replace: bool = True) -> None:
         with self.conn:
-            self.conn.execute("INSERT OR REPLACE INTO sweeps (id, name, created_at, definition) VALUES (?,?,?,?)",
-                              (sweep_id, name, created_at, json.dumps(definition)))
+            self.conn.execute(f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO sweeps (id, name, created_at, "
+                              "definition) VALUES (?,?,?,?)", (sweep_id, name, created_at, json.dumps(definition)))
+
+    def sweeps(self) -> list[tuple[str, str, str, dict]]:
+        """Every registered sweep: (id, name, created_at, definition)."""
+        return [(i, n, c, json.loads(d)) for i, n, c, d in
+                self.conn.execute("SELECT id, name, created_at, definition FROM sweeps ORDER BY created_at")]
 
     def sweep(self, sweep_id: str) -> dict:
         row = self.conn.execute("SELECT definition FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()

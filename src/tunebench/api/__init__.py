@@ -21,11 +21,13 @@ from tunebench.api.sweep import (
            resume_plan,
            run_each_gpu,
            run_sweep,
+    run_task,
            sweep_lock,
            sweep_records,
+    task_index,
 )
 from tunebench.launch.isolated import DEFAULT_RUN_TIMEOUT
 
 __all__ = ["DEFAULT_RUN_TIMEOUT", "check_sweep", "finalize", "import_records", "pending", "plan_sweep", "quick",
            "quick_configs", "refusals", "register", "resume_plan", "run", "run_each_gpu", "run_scaling", "run_sweep",
-           "sweep_lock", "sweep_records"]
+           "run_task", "sweep_lock", "sweep_records", "task_index"]

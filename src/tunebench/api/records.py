@@ -38,10 +38,14 @@ def finalize(rec: ResultRecord, store: str | Path | None, sweep_id: str | None =
     return rec
 
 
-def import_records(records: Iterable[ResultRecord], store: str | Path) -> tuple[int, int]:
-    """Records made elsewhere (other nodes' stores, logs) into `store`: (how many, how many were new)."""
+def import_records(records: Iterable[ResultRecord], store: str | Path,
+                   sweeps: Iterable[tuple[str, str, str, dict]] = ()) -> tuple[int, int]:
+    """Records made elsewhere (other nodes' stores, logs) into `store`, with the definitions of their sweeps
+    (one already there is kept): (how many records, how many were new)."""
     found = new = 0
     with Store(store) as s:
+        for sweep in sweeps:
+            s.save_sweep(*sweep, replace=False)
         for rec in records:
             found += 1
             new += s.save(rec)

@@ -153,3 +153,33 @@ def sweep_records(store: str | Path, plan: SweepPlan) -> tuple[list[ResultRecord
     with Store(store) as s:
         records = list(s.records(sweep_id=plan.id))
     return records, not pending(store, plan)
+
+
+def task_index(index: str | None) -> int:
+    """A deployed task's index: given, or auto from the platform (Kubernetes Indexed Job, Slurm array)."""
+    import os
+
+    if index in (None, "auto"):
+        index = os.environ.get("JOB_COMPLETION_INDEX") or os.environ.get("SLURM_ARRAY_TASK_ID")
+        if index is None:
+            raise UserError("invalid index=auto: neither JOB_COMPLETION_INDEX nor SLURM_ARRAY_TASK_ID is set")
+    if not str(index).isdigit():
+        raise UserError(f"invalid index={index}: a task index is a number from 0")
+    return int(index)
+
+
+def run_task(definition: dict[str, Any], index: int, group: str | None, store: str | Path,
+             timeout: float = DEFAULT_RUN_TIMEOUT) -> ResultRecord:
+    """One task of a deployed sweep: its configuration run in its own process group, stored with the sweep's id
+    (and the sweep's definition beside it, so that merged stores assemble the sweep)."""
+    positions = definition["groups"].get(str(group)) if group is not None else list(range(len(definition["tasks"])))
+    if positions is None or index >= len(positions):
+        raise UserError(f"invalid index={index}: the sweep has {len(positions or [])} tasks"
+                        + (f" for {group} GPUs" if group is not None else ""))
+    e, _ = definition["tasks"][positions[index]]
+    cfg = RunConfig.model_validate(definition["entries"][e]["config"])
+    check_store(store)
+    with Store(store) as s:
+        s.save_sweep(definition["sweep_id"], definition["name"], datetime.now(timezone.utc).isoformat(
+            timespec="seconds"), {k: definition[k] for k in ("name", "repeats", "entries")})
+    return finalize(Isolated(cfg.run_timeout or timeout).launch(cfg), store, definition["sweep_id"])

@@ -12,15 +12,10 @@ from tunebench.errors import UserError
 def cmd_deploy(args: argparse.Namespace) -> int:
     from tunebench import deploy
 
-    if args.target == "k8s":
-        from tunebench.deploy.k8s import K8sJob
-
-        job = K8sJob(args.name, args.nodes, args.gpus_per_node, args.image, args.user_args, kind=args.kind,
-                     namespace=args.namespace, pvc=args.pvc, fabric=args.fabric, host_network=args.host_network,
-                     node_selector=dict(_pair(x, "node-selector") for x in args.node_selector),
-                     tolerations=[_toleration(t) for t in args.toleration],
-                     image_pull_secrets=args.image_pull_secret, shm_size=args.shm_size, max_restarts=args.max_restarts)
-        text = deploy.k8s_text(job)
+    if args.sweep or args.resume:
+        text = _sweep_text(args)
+    elif args.target == "k8s":
+        text = deploy.k8s_text(_k8s_job(args, args.user_args))
     else:
         text = deploy.slurm_text(args.user_args, args.nodes, args.gpus_per_node, args.job_name, args.partition,
                                  args.time, args.store)
@@ -31,6 +26,35 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     else:
         print(text, end="", file=args.stdout)
     return 0
+
+
+def _k8s_job(args: argparse.Namespace, user_args: list[str]):
+    from tunebench.deploy.k8s import K8sJob
+
+    return K8sJob(args.name, args.nodes, args.gpus_per_node, args.image, user_args, kind=args.kind,
+                  namespace=args.namespace, pvc=args.pvc, fabric=args.fabric, host_network=args.host_network,
+                  node_selector=dict(_pair(x, "node-selector") for x in args.node_selector),
+                  tolerations=[_toleration(t) for t in args.toleration],
+                  image_pull_secrets=args.image_pull_secret, shm_size=args.shm_size, max_restarts=args.max_restarts)
+
+
+def _sweep_text(args: argparse.Namespace) -> str:
+    from tunebench import deploy
+    from tunebench.console import say
+    from tunebench.store import default_store_path
+    from tunebench.suites import parse_sets
+
+    if args.user_args:
+        raise UserError("a deployed sweep takes its configurations from the suite: leave out the arguments after --")
+    store = args.sweep_store or default_store_path()
+    job = _k8s_job(args, ["sweep"]) if args.target == "k8s" else None
+    tasks = deploy.sweep_tasks(args.sweep, parse_sets(args.set), args.repeats, store, args.resume,
+                               args.gpus_per_node)
+    text = deploy.k8s_sweep_text(job, tasks, args.parallelism) if job else deploy.slurm_sweep_text(
+        tasks, args.job_name, args.partition, args.time, args.store, args.parallelism)
+    say(f"sweep {tasks.sweep_id}: {len(tasks.tasks)} tasks ({len(tasks.entries)} configurations x {tasks.repeats}), "
+        f"registered in {store}; collect their results into it, then: tunebench sweep --resume {tasks.sweep_id}")
+    return text
 
 
 def _pair(text: str, what: str) -> tuple[str, str]:

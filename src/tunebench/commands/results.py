@@ -26,18 +26,18 @@ def _read(store: str | None, kind: str | None = None, sweep: str | None = None):
 
 
 def _records_of(source: str, skipped: list[str]):
-    """Records from another store (.db) or an exported JSON-lines file."""
+    """Records from another store (.db) or an exported JSON-lines file, and the sweeps registered there."""
     from tunebench.store import Store, read_exported
 
     p = Path(source)
     if not p.is_file():
         raise UserError(f"store {source} does not exist")
     if p.suffix in (".jsonl", ".json"):
-        return read_exported(p, skipped)
+        return read_exported(p, skipped), []
     with Store(p, create=False) as other:
-        recs = list(other.records())
+        recs, sweeps = list(other.records()), other.sweeps()
     skipped += other.skipped
-    return recs
+    return recs, sweeps
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -52,7 +52,8 @@ def cmd_results(args: argparse.Namespace) -> int:
 
         for src in args.stores:
             skipped: list[str] = []
-            found, new = import_records(_records_of(src, skipped), args.store)
+            recs, sweeps = _records_of(src, skipped)
+            found, new = import_records(recs, args.store, sweeps)
             warn_skipped(skipped, src)
             print(f"{src}: {found} records, {new} new", file=args.stdout)
         return 0

@@ -19,6 +19,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from tunebench.suites import parse_sets
 
     store = Path(args.store or default_store_path())
+    if args.definition:
+        return _task(args)
     if args.resume:
         plan = api.resume_plan(store, args.resume, args.repeats)
     elif not args.suite:
@@ -54,6 +56,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     else:
         print_table(sweep_table(f"sweep {plan.id} ({plan.name})", plan.entries, records), args.stdout)
     return 0 if complete else 1
+
+
+def _task(args: argparse.Namespace) -> int:
+    """One task of a deployed sweep (the command every pod or array task runs)."""
+    from tunebench import api
+    from tunebench.console import say
+    from tunebench.store import default_store_path
+
+    try:
+        definition = json.loads(Path(args.definition).read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"invalid definition={args.definition}: not a sweep definition ({err})") from None
+    index = api.task_index(args.index)
+    store = str(args.store or default_store_path()).replace("{index}", str(index))
+    rec = api.run_task(definition, index, args.group, store, args.run_timeout)
+    say(f"task {index} of sweep {definition['sweep_id']}: {rec.status}")
+    if args.print_result:
+        from tunebench.deploy.command import marked
+
+        print(marked(rec.model_dump_json()), file=args.stdout, flush=True)
+    return 0 if rec.status == "ok" else 1
 
 
 def cmd_consistency(args: argparse.Namespace) -> int:

@@ -33,11 +33,7 @@ def slurm_text(user_args: list[str], nodes: int, gpus: int, job_name: str, parti
 
     text = sbatch_script(user_args, nodes, gpus, job_name, partition, time, store)  # checks the fields
     check_user_args(user_args, nodes, gpus)
-    bash = shutil.which("bash")
-    if bash:
-        p = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise UserError(f"the generated script does not parse: {p.stderr.strip().splitlines()[0]}")
+    _bash_n(text)
     return text
 
 
@@ -53,3 +49,38 @@ def check_manifest(doc: dict) -> None:
     except Exception as err:
         first = str(getattr(err, "message", None) or err).strip().splitlines()[0][:300]
         raise UserError(f"the generated {doc.get('kind')} is not valid for Kubernetes: {first}") from None
+
+
+def sweep_tasks(suite, sets, repeats, store, resume, default_gpus):
+    from tunebench.deploy.sweep import plan
+
+    return plan(suite, sets, repeats, store, resume, default_gpus)
+
+
+def k8s_sweep_text(job, tasks, parallelism: int) -> str:
+    from tunebench.deploy.k8s import sweep_manifests, to_yaml
+
+    if not tasks.tasks:
+        raise UserError(f"sweep {tasks.sweep_id} has an ok result for every configuration: nothing to deploy")
+    docs = sweep_manifests(job, tasks, parallelism)
+    for doc in docs:
+        check_manifest(doc)
+    return to_yaml(docs)
+
+
+def slurm_sweep_text(tasks, job_name, partition, time, store, parallelism: int) -> str:
+    from tunebench.deploy.slurm import sweep_script
+
+    if not tasks.tasks:
+        raise UserError(f"sweep {tasks.sweep_id} has an ok result for every configuration: nothing to deploy")
+    text = sweep_script(tasks, job_name, partition, time, store, parallelism)
+    _bash_n(text)
+    return text
+
+
+def _bash_n(text: str) -> None:
+    bash = shutil.which("bash")
+    if bash:
+        p = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise UserError(f"the generated script does not parse: {p.stderr.strip().splitlines()[0]}")

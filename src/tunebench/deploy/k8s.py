@@ -185,3 +185,32 @@ def manifests(job: K8sJob) -> list[dict]:
 
 def to_yaml(docs: list[dict]) -> str:
     return yaml.safe_dump_all(docs, sort_keys=False, width=1 << 20)
+
+
+def sweep_manifests(job: K8sJob, tasks, parallelism: int) -> list[dict]:
+    """A ConfigMap with the sweep's definition and one Indexed Job per GPU count: completion index i of the
+    job for G GPUs runs that group's task i, at most `parallelism` at once, each pod asking for G GPUs."""
+    from dataclasses import replace
+
+    from tunebench.deploy.sweep import task_argv
+
+    _check(job)
+    if parallelism < 1:
+        raise UserError(f"invalid parallelism={parallelism}: must be at least 1")
+    name = f"{job.name}-sweep"
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, name),
+                  "data": {"definition.json": tasks.definition_json()}}
+    docs: list[dict] = [config_map]
+    for gpus, positions in tasks.groups().items():
+        store = f"{RESULTS_DIR}/{tasks.sweep_id}/g{gpus}-task-{{index}}.db" if job.pvc else "/tmp/tunebench.db"
+        pod = _pod_spec(replace(job, gpus_per_node=gpus), task_argv("/sweep/definition.json", gpus, store),
+                        index_env=False)
+        pod["volumes"].append({"name": "sweep", "configMap": {"name": name}})
+        pod["containers"][0]["volumeMounts"].append({"name": "sweep", "mountPath": "/sweep", "readOnly": True})
+        del pod["containers"][0]["ports"]  # no rendezvous between tasks
+        spec = {"parallelism": min(parallelism, len(positions)), "completions": len(positions),
+                "completionMode": "Indexed", "backoffLimit": len(positions) * (job.max_restarts + 1),
+                "template": {"metadata": {"labels": {"app.kubernetes.io/instance": job.name}}, "spec": pod}}
+        docs.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, f"{job.name}-g{gpus}"),
+                     "spec": spec})
+    return docs

@@ -10,6 +10,7 @@ import shlex
 
 from tunebench.deploy import fields
 from tunebench.deploy.command import RDZV_PORT, tunebench_argv
+from tunebench.errors import UserError
 
 LITERAL = ("$SLURM_NODEID", "${head}:" + str(RDZV_PORT), "$SLURM_JOB_ID")
 
@@ -52,4 +53,32 @@ def sbatch_script(user_args: list[str], nodes: int, gpus_per_node: int, job_name
     ]
     if train:  # 75: stopped by a signal with its checkpoint saved; the requeued job resumes from it
         lines += ['if [ "$code" -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi', 'exit "$code"']
+    return "\n".join(lines) + "\n"
+
+
+DEFINITION_END = "TUNEBENCH_SWEEP_DEFINITION"  # a line no JSON document can be (the JSON is one line)
+
+
+def sweep_script(tasks, job_name: str = "tunebench", partition: str | None = None, time: str | None = None,
+                 store: str | None = None, parallelism: int = 1) -> str:
+    """A job array: task i runs the sweep's task i (a resumed sweep lists only the missing ones), at most
+    `parallelism` at once; every task asks for the largest GPU count any configuration needs."""
+    fields.slurm_name(job_name)
+    for value, check in ((partition, fields.slurm_partition), (time, fields.slurm_time)):
+        if value is not None:
+            check(value)
+    if store is not None:
+        fields.plain("store", store)
+    if parallelism < 1:
+        raise UserError(f"invalid parallelism={parallelism}: must be at least 1")
+    argv = ["tunebench", "sweep", "--definition", '"$definition"', "--index", "auto", "--print-result", "--store",
+            shlex.quote(store or "tunebench-results/task-{index}.db")]  # tunebench fills in {index}
+    lines = ["#!/usr/bin/env bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --array=0-{len(tasks.tasks) - 1}"
+             f"%{parallelism}", "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
+             f"#SBATCH --gpus-per-node={max(tasks.gpus[e] for e, _ in tasks.tasks)}", "#SBATCH --output=%x-%A_%a.out"]
+    lines += [f"#SBATCH --partition={partition}"] * bool(partition) + [f"#SBATCH --time={time}"] * bool(time)
+    lines += ["set -euo pipefail", "export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1",
+              f"# sweep {tasks.sweep_id}: {len(tasks.tasks)} tasks; the definition travels in this script",
+              'definition=$(mktemp)', f"cat > \"$definition\" <<'{DEFINITION_END}'", tasks.definition_json(),
+              DEFINITION_END, "srun --ntasks=1 " + " ".join(argv)]
     return "\n".join(lines) + "\n"
