@@ -13,6 +13,7 @@
 #   bash benchmarks/gpu_proof.sh hw4       # issue 6: tunebench hw collectives across every local GPU (4 H200)
 #   bash benchmarks/gpu_proof.sh train1    # issue 13: stdlib corpus from scratch; Mistral-7B QLoRA train vs run
 #   bash benchmarks/gpu_proof.sh train2    # issue 13: an FSDP2 job on 2 GPUs, stopped by SIGTERM, resumed
+#   bash benchmarks/gpu_proof.sh probe     # issue 16: memory by phase and kernel time by kind (the planner's truth)
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -116,6 +117,20 @@ train2)
   grep "^train:\|^eval:\|^checkpoint:" "$OUT/fsdp-first.log" | tail -8
   ls /tmp/fsdp/checkpoints
   tb train $F --resume latest 2>&1 | grep -v "Writing\|Loading"
+  ;;
+probe)
+  # issue 16: the planner's ground truth, phase by phase, on GPU 0
+  export CUDA_VISIBLE_DEVICES=0
+  T="model=tinygpt-124m batch_size=8 seq_len=2048 optimizer=adamw_fused"
+  L="model=llama-3.2-1b seq_len=1024"
+  M="model=mistral-7b method=qlora seq_len=1024 optimizer=paged_adamw_8bit"
+  python3 benchmarks/memory_probe.py --out "$OUT/probe.jsonl" "$T" "$T compile=true" "$T strategy=fsdp" \
+    "$T strategy=zero2" "$T strategy=zero3" "$T strategy=ddp" \
+    "model=tinygpt-124m batch_size=1 grad_accum=4 seq_len=2048 optimizer=adamw_fused strategy=ddp" \
+    "$L batch_size=4" "$L batch_size=8 strategy=fsdp" "$L batch_size=8 strategy=fsdp grad_ckpt=true" \
+    "$L batch_size=8 strategy=fsdp compile=true" "$L batch_size=8 method=lora" "$L batch_size=8 strategy=zero2" \
+    "$M batch_size=4 grad_ckpt=true" "$M batch_size=2" "model=mistral-7b method=lora seq_len=1024 batch_size=4 grad_ckpt=true" \
+    2>&1 | grep -v "^\[" | cut -c 1-400
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \
