@@ -28,6 +28,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_options(sub.add_parser("train", help="fine-tune on your own data with the benchmark's engine: "
                                                    "checkpoints, resume, the adapter or model out, a record"))
 
+    pl = sub.add_parser("plan", help="predict peak memory per GPU (item by item), tokens/s and step time of a run "
+                                     "or train config on a GPU, without running it")
+    pl.add_argument("config", nargs="?", help="YAML run or train config; flags override its keys")
+    add_config_flags(pl)
+    pl.add_argument("--gpu", help="the GPU to plan for (default: this machine's), e.g. H100-80GB, H200, A100-40GB")
+    pl.add_argument("--json", action="store_true", help="print the prediction as JSON (the record's metric names, "
+                                                        "the breakdown beside them)")
+    pl.add_argument("--compare", action="store_true", help="a table over strategies and world sizes")
+    pl.add_argument("--gpus", help="with --compare: world sizes (default 1,2,4,8)")
+    pl.add_argument("--strategies", help="with --compare: strategies (default all)")
+    pl.add_argument("--no-store", action="store_true", help="use the spec sheet, not the store's hw measurements")
+    _store_arg(pl)
+
     sw = sub.add_parser("sweep", help="run a suite of configurations, each in its own process, resumably")
     sw.add_argument("suite", nargs="?", help="suite YAML file or built-in name (quick, full, diagnostic, scaling, "
                                              "seed-qlora)")
@@ -159,13 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command(name: str):
     """The handler of a subcommand, imported only when it runs (keeps `--help` and bad input fast)."""
-    from tunebench.commands import bench, deploy, results, run, sweep, train
+    from tunebench.commands import bench, deploy, plan, results, run, sweep, train
 
     return {"hw": bench.cmd_hw, "load": bench.cmd_load, "infer": bench.cmd_infer, "run": run.cmd_run,
             "quick": run.cmd_quick, "sweep": sweep.cmd_sweep, "consistency": sweep.cmd_consistency,
             "results": results.cmd_results, "report": results.cmd_report, "cost": results.cmd_cost,
             "compare": results.cmd_compare, "deploy": deploy.cmd_deploy, "collect": deploy.cmd_collect,
-            "train": train.cmd_train}[name]
+            "train": train.cmd_train, "plan": plan.cmd_plan}[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,8 +55,9 @@ def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None 
     if kind == "hw":
         return "hw " + ",".join(c.get("sections", []))
     world = f" x{world_size}" if world_size else ""
+    extras = "".join(f" {name}" for name, key in (("ckpt", "grad_ckpt"), ("compile", "compile")) if c.get(key))
     return (f"{c['model']} {c['method']} {c.get('strategy', 'single')}{world} "
-            f"b{c['batch_size']}x{c.get('grad_accum', 1)} s{c['seq_len']}")
+            f"b{c['batch_size']}x{c.get('grad_accum', 1)} s{c['seq_len']}{extras}")
 
 
 def label(rec: ResultRecord, names: dict[str, str] | None = None) -> str:

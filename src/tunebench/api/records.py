@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from tunebench.api.plan import prediction_for
 from tunebench.files import write_text
 from tunebench.record import ResultRecord, Scaling
 from tunebench.store import Store
@@ -33,6 +34,8 @@ def finalize(rec: ResultRecord, store: str | Path | None, sweep_id: str | None =
         rec.sweep_id = sweep_id
     if scaling_base is not None and rec.kind == "train":
         rec.metrics.scaling = scaling_against(rec, scaling_base)
+    if rec.kind == "train" and rec.metrics.predicted is None:
+        rec.metrics.predicted = prediction_for(rec, store)
     if store:
         _save(rec, Path(store))
     return rec

@@ -90,6 +90,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     records, names = _read(args.store, sweep=args.sweep)
     if not records:
         raise UserError("no results to report" + (f" for sweep {args.sweep}" if args.sweep else ""))
+    from tunebench.api.plan import with_predictions
+
+    with_predictions(records, args.store)
     title = args.title or (f"tunebench report: sweep {args.sweep}" if args.sweep else "tunebench report")
     files = write_report(records, out, prices, title, names, args.job_samples, args.publish, args.force)
     say(f"wrote {len(files)} files to {out}/ ({len(records)} results): "

@@ -11,28 +11,17 @@ head), the chunked loss's second head forward (2*N_head).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from torch import nn
 
-# Peak dense bf16 FLOP/s by GPU name. Most specific patterns first; unknown GPUs get no MFU.
-PEAK_BF16_FLOPS: list[tuple[str, float]] = [
-    (r"H200 NVL", 835e12), (r"H200", 989e12), (r"GH200", 989e12),
-    (r"H100 NVL", 835e12), (r"H100 PCIe", 756e12), (r"H100", 989e12), (r"H800", 989e12),
-    (r"B200", 2250e12), (r"A100", 312e12), (r"A800", 312e12),
-    (r"L40S", 362e12), (r"L40\b", 181e12), (r"\bL4\b", 121e12), (r"\bA10\b", 125e12),
-    (r"A6000", 155e12), (r"V100", 125e12),
-]
+from tunebench.gpus import match
 
 
 def peak_flops(gpu_name: str | None) -> float | None:
-    if not gpu_name:
-        return None
-    for pattern, value in PEAK_BF16_FLOPS:
-        if re.search(pattern, gpu_name, re.IGNORECASE):
-            return value
-    return None
+    """Dense bf16 FLOP/s of a GPU by the name its driver reports (tunebench.gpus); None when unknown."""
+    gpu = match(gpu_name)
+    return gpu.peak_flops if gpu else None
 
 
 @dataclass(frozen=True)

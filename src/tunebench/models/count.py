@@ -12,11 +12,25 @@ from tunebench.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)
+class Linear:
+    name: str  # the module's own name (q_proj, c_attn, ...), what lora_targets match
+    fan_in: int
+    fan_out: int
+
+    @property
+    def size(self) -> int:
+        return self.fan_in * self.fan_out
+
+
+@dataclass(frozen=True)
 class Counts:
     total: int  # every parameter (a tied head counted once, with the embeddings)
     block_linears: int  # the weights of every block's linear layers (what QLoRA quantizes)
     head: int  # the output head's matmul (vocab x hidden), tied or not
     per_block: int  # one transformer block
+    linears: tuple[Linear, ...] = ()  # one block's linear layers, in order
+    tied: bool = False  # the head shares the embeddings' weight
+    embeddings: int = 0  # token (and learned position) embeddings
 
     @property
     def matmul(self) -> int:
@@ -32,9 +46,14 @@ def _llama(s: dict, layers: int, hidden: int, heads: int, head_dim: int, vocab: 
         attn += heads * head_dim + 2 * kv * head_dim + hidden
     mlp = 3 * hidden * inter + (2 * inter + hidden if s.get("mlp_bias") else 0)
     block = attn + mlp + 2 * hidden
-    head = 0 if s.get("tie_word_embeddings") else vocab * hidden
-    linears = layers * (hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2 + 3 * hidden * inter)
-    return Counts(vocab * hidden + layers * block + hidden + head, linears, vocab * hidden, block)
+    tied = bool(s.get("tie_word_embeddings"))
+    head = 0 if tied else vocab * hidden
+    shapes = (Linear("q_proj", hidden, heads * head_dim), Linear("k_proj", hidden, kv * head_dim),
+              Linear("v_proj", hidden, kv * head_dim), Linear("o_proj", heads * head_dim, hidden),
+              Linear("gate_proj", hidden, inter), Linear("up_proj", hidden, inter), Linear("down_proj", inter, hidden))
+    linears = layers * sum(lin.size for lin in shapes)
+    return Counts(vocab * hidden + layers * block + hidden + head, linears, vocab * hidden, block, shapes, tied,
+                  vocab * hidden)
 
 
 def _gpt2(s: dict, layers: int, hidden: int, vocab: int) -> Counts:
@@ -42,8 +61,12 @@ def _gpt2(s: dict, layers: int, hidden: int, vocab: int) -> Counts:
     positions = s.get("n_positions") or 1024
     block = 2 * hidden + (hidden * 3 * hidden + 3 * hidden) + (hidden * hidden + hidden) + 2 * hidden \
         + (hidden * inner + inner) + (inner * hidden + hidden)
-    linears = layers * (3 * hidden * hidden + hidden * hidden + 2 * hidden * inner)
-    return Counts(vocab * hidden + positions * hidden + layers * block + 2 * hidden, linears, vocab * hidden, block)
+    shapes = (Linear("c_attn", hidden, 3 * hidden), Linear("c_proj", hidden, hidden), Linear("c_fc", hidden, inner),
+              Linear("c_proj", inner, hidden))
+    linears = layers * sum(lin.size for lin in shapes)
+    embeddings = vocab * hidden + positions * hidden
+    return Counts(embeddings + layers * block + 2 * hidden, linears, vocab * hidden, block, shapes,
+                  s.get("tie_word_embeddings", True), embeddings)
 
 
 def counts(spec: ModelSpec) -> Counts | None:

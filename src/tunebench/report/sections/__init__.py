@@ -17,6 +17,7 @@ from tunebench.report.sections import (
     memory,
     mfu,
     performance,
+    planner,
     recommendations,
     scaling,
     step_times,
@@ -24,7 +25,7 @@ from tunebench.report.sections import (
 )
 
 SECTIONS: list[Callable[[ReportContext], Section | None]] = [
-    summary.section, performance.section, jobs.section, step_times.section, memory.section, mfu.section,
+    summary.section, performance.section, jobs.section, step_times.section, memory.section, planner.section, mfu.section,
     diagnostic.section,
     scaling.section, cost.section, recommendations.section, hardware.section, loading.section, inference.section,
 ]

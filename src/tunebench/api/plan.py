@@ -1,0 +1,119 @@
+"""Predictions for configurations: on which GPU, how many of them, with the store's hardware measurements.
+
+    plan(cfg, gpu=None, world=None, store=None)       one Prediction (the GPU named, or this machine's)
+    compare(cfg, gpu, worlds, strategies, store)      one row per strategy x world size (refusals named)
+    prediction_for(rec)                               what the planner says of a finished run's config
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunebench import gpus
+from tunebench.config import RunConfig
+from tunebench.errors import UserError
+from tunebench.gpus import Gpu
+from tunebench.plan import Prediction, predict
+from tunebench.record import ResultRecord
+from tunebench.store import Store
+from tunebench.strategies import STRATEGIES
+
+DEFAULT_WORLDS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Row:
+    strategy: str
+    world: int
+    prediction: Prediction | None
+    refused: str | None = None
+
+
+def target_gpu(name: str | None) -> tuple[Gpu, int]:
+    """The GPU named (with no count known: 0), or this machine's and how many it has."""
+    if name:
+        return gpus.gpu_named(name), 0
+    found = gpus.detect()
+    if found is None:
+        raise UserError(f"no GPU detected on this machine: name the GPU to plan for with --gpu ({gpus.known()})")
+    gpu = gpus.match(found[0])
+    if gpu is None:
+        raise UserError(f"this machine's GPU ({found[0]}) is not in the catalog: plan for a known one with --gpu "
+                        f"({gpus.known()})")
+    return gpu, found[1]
+
+
+def measured_hw(store: str | Path | None, gpu: Gpu) -> list[tuple[str, dict]]:
+    """(id, metrics) of the store's ok `hw` records for this kind of GPU, newest first."""
+    if not store or not Path(store).exists():
+        return []
+    with Store(store, create=False) as s:
+        recs = [r for r in s.records(kind="hw") if gpus.match(r.environment.get("gpu", {}).get("name")) == gpu]
+    recs.sort(key=lambda r: r.created_at, reverse=True)
+    return [(r.id[:12], r.metrics.model_dump()) for r in recs]
+
+
+def default_world(cfg: RunConfig, detected: int) -> int:
+    """The config's own process count, else every detected GPU for a distributed strategy, else one."""
+    if cfg.nproc_per_node:
+        return cfg.nproc_per_node * cfg.nnodes
+    if cfg.strategy == "single":
+        return 1
+    return max(detected, 1) * cfg.nnodes
+
+
+def plan(cfg: RunConfig, gpu: str | None = None, world: int | None = None,
+         store: str | Path | None = None) -> Prediction:
+    target, detected = target_gpu(gpu)
+    return predict(cfg, target, world or default_world(cfg, detected), measured_hw(store, target))
+
+
+def compare(cfg: RunConfig, gpu: str | None = None, worlds: list[int] | None = None,
+            strategies: list[str] | None = None, store: str | Path | None = None) -> list[Row]:
+    """The configuration under each strategy and world size; a strategy that refuses it says why."""
+    target, _ = target_gpu(gpu)
+    measured = measured_hw(store, target)
+    rows = []
+    for name in strategies or list(STRATEGIES):
+        for world in worlds or DEFAULT_WORLDS:
+            if name == "single" and world > 1:
+                continue
+            try:
+                variant = cfg.model_copy(update={"strategy": name, "nproc_per_node": world // cfg.nnodes or 1})
+                rows.append(Row(name, world, predict(variant, target, world, measured)))
+            except UserError as err:
+                rows.append(Row(name, world, None, str(err)))
+    return rows
+
+
+STORED = ("gpu", "world_size", "hardware", "peak_mem_allocated_bytes", "tokens_per_s", "tokens_per_s_per_gpu",
+          "step_time_s", "mfu", "memory_needed_bytes", "verdict")
+
+
+def run_config(config: dict) -> RunConfig:
+    """The RunConfig within a stored run's or training job's config."""
+    fields = {k: v for k, v in config.items() if k in RunConfig.model_fields and v is not None}
+    fields["steps"] = max(fields.get("steps") or 0, fields.get("warmup", 0) + 1)
+    return RunConfig(**fields)
+
+
+def prediction_for(rec: ResultRecord, store: str | Path | None = None) -> dict | None:
+    """What the planner says of a finished GPU training run (None on the CPU, or for a model it cannot plan):
+    the record's metric names with the phase of the peak and what bounds the step."""
+    gpu = gpus.match(rec.environment.get("gpu", {}).get("name"))
+    if rec.kind != "train" or rec.environment.get("device") != "cuda" or gpu is None:
+        return None
+    try:
+        p = predict(run_config(rec.config), gpu, rec.metrics.world_size, measured_hw(store, gpu)).as_dict()
+    except (UserError, ValueError):
+        return None
+    return {k: p[k] for k in STORED} | {"peak_phase": p["breakdown"]["peak_phase"], "bound": p["breakdown"]["bound"]}
+
+
+def with_predictions(records: list[ResultRecord], store: str | Path | None = None) -> list[ResultRecord]:
+    """GPU runs stored without a prediction (older records, imported ones) get today's, in memory only."""
+    for rec in records:
+        if rec.kind == "train" and rec.metrics.predicted is None:
+            rec.metrics.predicted = prediction_for(rec, store)
+    return records

@@ -1,0 +1,100 @@
+"""Bytes autograd keeps for backward, per token, for one transformer block and around the blocks.
+
+Counted op by op for the Hugging Face implementations our engine runs, with the dtypes of
+plan.workload, SDPA's flash kernel (it keeps q, k, v, the output and one fp32 logsumexp per head),
+and checked against the bytes saved per block measured on an H200 (benchmarks/memory_probe.py; the
+data is in benchmarks/data): each line below names what it keeps, with h the hidden size, i the MLP
+width, q the query width (heads x head_dim), kv the key/value width, H the heads.
+
+Llama/Mistral block, bf16 weights without autocast (DeepSpeed):
+  RMSNorm x2: its fp32 copy of the input (4h) and the normalized bf16 value (2h), output (2h)   16h
+  attention: roped q (2q), k and v (4kv), the output (2q, o_proj's input too), logsumexp (4H)
+  MLP: gate and up outputs, SiLU output, their product (4 x 2i)                                   8i
+Under autocast with bf16 weights (FSDP2, LoRA bases) 4h more were measured; with fp32 master weights
+(single, DDP) the residual is fp32 and every linear casts its own bf16 copy of the input: 28h.
+GPT-2 block under autocast: LayerNorm inputs, the fused qkv (6h), dropout masks (1 byte each), and
+NewGELU written out in Python, whose pow/tanh run in fp32 under autocast (14 x inner bytes).
+torch.compile keeps what its min-cut partitioner chooses: measured, 16h + 4i (+ attention) on Llama.
+LoRA (peft) casts each adapter's input to fp32 and back, so every targeted linear keeps another bf16
+copy of its input (2 x fan_in) and its rank-r output; under QLoRA peft skips the cast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunebench.plan.workload import Workload
+
+
+@dataclass(frozen=True)
+class Activations:
+    per_layer: float  # bytes per token kept by one block for backward (its full forward)
+    kept_per_layer: float  # bytes per token one block keeps through the forward (= per_layer without checkpointing)
+    outside: float  # bytes per token kept outside the blocks (final norm, loss)
+    attention: str  # the SDPA kernel the planner assumes ("flash" or "math")
+    note: str
+
+
+def _attention_kernel(w: Workload) -> str:
+    # SDPA picks flash (or cuDNN) for bf16 without a mask; the eager implementation materialises S x S.
+    # fp32 has no flash kernel; the memory-efficient one keeps the same tensors.
+    return "math" if w.cfg.attn == "eager" else "flash"
+
+
+def _llama_block(w: Workload) -> float:
+    s = w.spec
+    h, q, i, heads = s.hidden_size, s.num_heads * s.head_dim, int(s.shape["intermediate_size"]), s.num_heads
+    kv = (s.shape.get("num_key_value_heads") or heads) * s.head_dim
+    attention = 2 * q + 4 * kv + 2 * q + 4 * heads  # flash: q, k, v, output, logsumexp
+    if w.fp32:  # RMSNorm's cast is a no-op: its input, normalized value and output, 4 bytes each
+        return 24 * h + 16 * i + 2 * (attention - 4 * heads) + 4 * heads
+    if w.cfg.compile:
+        norms = 12 * h if w.residual_bytes == 2 else 16 * h
+        return norms + attention + 4 * i
+    if not w.autocast:
+        return 16 * h + attention + 8 * i
+    norms = 20 * h if w.residual_bytes == 2 else 24 * h
+    return norms + attention + 8 * i
+
+
+def _gpt2_block(w: Workload) -> float:
+    s = w.spec
+    h, heads = s.hidden_size, s.num_heads
+    inner = s.shape.get("n_inner") or 4 * h
+    attention = 6 * h + 2 * h + 4 * heads  # fused qkv, output (also c_proj's input), logsumexp
+    if w.fp32:
+        return 2 * (10 * h + 10 * inner) + 2 * h + attention * 2
+    if w.cfg.compile:
+        return 13 * h + 4 * inner + attention
+    if not w.autocast:  # bf16 everywhere: LayerNorm inputs and outputs, GELU's four bf16 intermediates
+        return 10 * h + 10 * inner + attention
+    return 15 * h + 16 * inner + attention  # one h more than counted was measured
+
+
+def _adapters(w: Workload) -> float:
+    r = w.cfg.lora_rank
+    copies = 0 if w.cfg.method == "qlora" else sum(2 * t.fan_in for t in w.targets)
+    return copies + len(w.targets) * 2 * r
+
+
+def _math_attention_extra(w: Workload) -> float:
+    """The math kernel keeps scaled q, repeated k and v and the S x S probabilities instead of flash's set."""
+    s = w.spec
+    q, heads = s.num_heads * s.head_dim, s.num_heads
+    kv = (s.shape.get("num_key_value_heads") or heads) * s.head_dim
+    return (6 * q + 2 * heads * w.cfg.seq_len) - (4 * q + 4 * kv + 4 * heads)
+
+
+def activations(w: Workload) -> Activations:
+    block = _llama_block(w) if w.family == "llama" else _gpt2_block(w)
+    block += _adapters(w)
+    kernel = _attention_kernel(w)
+    if kernel == "math":
+        block += _math_attention_extra(w)
+    h = w.spec.hidden_size
+    kept = w.residual_bytes * h if w.cfg.grad_ckpt else block  # checkpointing keeps each block's input
+    final_norm = (10 if w.residual_bytes == 4 else 8) * h
+    outside = final_norm + w.compute_bytes * h  # the final norm, and the loss's gradient for the hidden states
+    note = ("checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
+            if w.cfg.grad_ckpt else "every block keeps its activations until backward")
+    return Activations(block, kept, outside, kernel, note)

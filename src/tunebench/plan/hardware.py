@@ -1,0 +1,52 @@
+"""The figures a prediction runs on: measured by `tunebench hw` where the store has them, else the catalog's.
+
+Without a measured record the matmul ceiling is 80% of the dense peak (MAMF measured 80.5% on H200),
+memory bandwidth 88% of the spec (device copy measured 4236 of 4800 GB/s on H200) and a collective's
+bus bandwidth 78% of the GPU's link (all-reduce measured 353 of 450 GB/s on 4 H200).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tunebench.gpus import Gpu
+
+MAMF_OF_PEAK = 0.80
+COPY_OF_SPEC = 0.88
+BUSBW_OF_LINK = 0.78
+INTER_NODE_GBPS = 25.0  # per GPU across nodes (200 Gb/s NICs) when nothing was measured
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu: Gpu
+    matmul_flops: float  # achievable bf16 FLOP/s (MAMF)
+    bandwidth: float  # device memory bytes/s (copy, read + write)
+    busbw: dict[str, float] = field(default_factory=dict)  # collective -> bus bandwidth, bytes/s, within a node
+    source: str = "spec sheet"
+
+    def collective(self, op: str, nnodes: int = 1) -> float:
+        if nnodes > 1:
+            return INTER_NODE_GBPS * 1e9
+        return self.busbw.get(op) or BUSBW_OF_LINK * self.gpu.link_gbps * 1e9
+
+
+def hardware(gpu: Gpu, measured: list[tuple[str, dict]] = ()) -> Hardware:
+    """The GPU's figures, each replaced by the newest measurement that has it: (record id, hw metrics) pairs."""
+    mamf = bandwidth = None
+    busbw: dict[str, float] = {}
+    used = []
+    for rec_id, m in measured:
+        if mamf is None and m.get("mamf_tflops") and m.get("mamf_dtype") == "bf16":
+            mamf, used = m["mamf_tflops"] * 1e12, used + [rec_id]
+        if bandwidth is None and m.get("copy_gbps"):
+            bandwidth, used = m["copy_gbps"] * 1e9, used + [rec_id]
+        for op, gbps in (m.get("busbw_peak_gbps") or {}).items():
+            if op not in busbw:
+                busbw[op] = gbps * 1e9
+                used.append(rec_id)
+    source = ("measured: hw " + ", ".join(dict.fromkeys(used)) + (" (the rest from the spec sheet)" if
+                                                                   None in (mamf, bandwidth) or not busbw else "")
+              if used else "spec sheet")
+    return Hardware(gpu, mamf or MAMF_OF_PEAK * gpu.peak_flops, bandwidth or COPY_OF_SPEC * gpu.hbm_gbps * 1e9,
+                    busbw, source)

@@ -1,0 +1,189 @@
+"""Peak GPU memory of one training step, item by item, phase by phase.
+
+The allocator's peak (what runs record as peak_mem_allocated_bytes) is the largest of three moments:
+  forward   the model states, the activations of every block, and the loss's chunk of logits
+  backward  the same, as the first block's gradient temporaries and the head's gradient appear
+            (with checkpointing: one block's activations rebuilt, and its temporaries)
+  step      the model states, every gradient, and the optimizer's temporaries
+Beyond the allocator's peak a GPU also holds the CUDA context (kernels, cuBLAS and NCCL workspaces)
+and the allocator's reserve (freed blocks it keeps, fragmentation): both were measured on H100 and
+H200 runs (benchmarks/data); they decide whether a configuration fits, not what runs record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tunebench.plan.activations import Activations, activations
+from tunebench.plan.workload import Workload
+
+LOGITS_PER_CHUNK = 1 << 26  # engine.loss: fp32 logits of one chunk
+GIB = 1 << 30
+DS_BUCKET = int(5e8)  # strategies.zero: reduce / all-gather / prefetch bucket size, elements
+OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}
+# Measured (nvml used - reserved): CUDA context, kernels and workspaces; NCCL adds its buffers.
+CONTEXT_BYTES = {1: int(1.45 * GIB), "nccl": int(2.1 * GIB), "nccl-multi": int(2.4 * GIB)}
+# Measured reserve (reserved / allocated - 1), per strategy: FSDP2's all-gathers on their own stream fragment most.
+RESERVE_FRACTION = {"single": 0.08, "ddp": 0.06, "fsdp": 0.3, "zero2": 0.15, "zero3": 0.2}
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str
+    bytes: float
+    note: str = ""
+
+
+@dataclass
+class MemoryPlan:
+    items: list[Item] = field(default_factory=list)  # everything the step allocates, at its largest
+    phases: dict[str, float] = field(default_factory=dict)  # forward / backward / step -> allocated bytes
+    activations: Activations | None = None
+    paged_bytes: float = 0.0  # paged optimizer state: managed memory outside the allocator
+    context_bytes: float = 0.0
+    reserve_bytes: float = 0.0
+
+    @property
+    def peak_allocated(self) -> float:
+        return max(self.phases.values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    @property
+    def total(self) -> float:
+        """What the GPU must hold: the allocator's peak, its reserve, the context, paged state."""
+        return self.peak_allocated + self.reserve_bytes + self.context_bytes + self.paged_bytes
+
+    def item(self, name: str) -> float:
+        return sum(i.bytes for i in self.items if i.name == name)
+
+
+def _weights(w: Workload) -> list[Item]:
+    c, cb, n = w.counts, w.compute_bytes, w.counts.total
+    if w.full:
+        if w.deepspeed:
+            bf16 = 2 * n / (w.world if w.strategy.name == "zero3" else 1)
+            return [Item("weights", bf16, "bf16 copy DeepSpeed computes with"),
+                    Item("master weights", 4 * n / w.sharded, "fp32, in DeepSpeed's optimizer")]
+        return [Item("weights", 4 * n / w.sharded, "fp32 master weights" + (f", 1/{w.world} shard" if w.sharded > 1
+                                                                             else ""))]
+    adapters = Item("LoRA adapters", 4 * w.lora_params / w.sharded, f"fp32, rank {w.cfg.lora_rank}")
+    if w.cfg.method == "lora":
+        return [Item("weights", cb * n / w.sharded, "frozen base in the compute dtype"), adapters]
+    nb = c.block_linears
+    if w.cfg.double_quant:  # uint8 absmax per 64 weights, fp32 absmax per 256 of those
+        constants, how = nb / 64 + nb / 64 / 256 * 4, "double-quantized absmax"
+    else:
+        constants, how = nb / 64 * 4, "fp32 absmax per 64 weights"
+    return [Item("weights", nb / 2, f"{w.cfg.quant.upper()} block linears, 4 bits"),
+            Item("quantization constants", constants, how),
+            Item("weights (not quantized)", cb * (n - nb), "embeddings, norms, head in the compute dtype"),
+            adapters]
+
+
+def _optimizer(w: Workload) -> tuple[float, float]:
+    """(allocator bytes, paged bytes) of the optimizer state on one GPU."""
+    state = OPTIMIZER_BYTES[w.cfg.optimizer] * w.trainable / w.sharded
+    return (0.0, state) if w.cfg.optimizer == "paged_adamw_8bit" else (state, 0.0)
+
+
+def _grads(w: Workload) -> float:
+    """Gradients of one GPU once backward is done."""
+    if w.deepspeed:
+        return 2 * w.trainable / w.sharded  # bf16 partition
+    return 4 * w.trainable / w.sharded
+
+
+def _working(w: Workload) -> list[Item]:
+    """Buffers a strategy holds around the compute: unsharded FSDP units, DeepSpeed buckets."""
+    c, cb = w.counts, w.compute_bytes
+    if w.strategy.name == "fsdp" and w.world >= 1:
+        root = c.embeddings + (0 if c.tied else c.head) + w.spec.hidden_size
+        return [Item("unsharded root", cb * root, "embeddings, head, final norm gathered for forward and backward"),
+                Item("unsharded blocks", 2 * cb * c.per_block, "the running block and the one prefetched")]
+    if w.strategy.name == "zero3":
+        return [Item("gathered parameters", 2 * min(DS_BUCKET, w.counts.total), "prefetch bucket, bf16"),
+                Item("gradient bucket", 2 * DS_BUCKET, "DeepSpeed's contiguous reduce buffer, bf16")]
+    return []
+
+
+def _backward_buffers(w: Workload) -> float:
+    """Buffers that exist only while backward runs: ZeRO-2's two reduce buckets (overlap_comm double-buffers)."""
+    return 2 * 2 * DS_BUCKET if w.strategy.name == "zero2" else 0.0
+
+
+def _loss(w: Workload) -> tuple[float, float, float]:
+    """(kept through backward, transient peak in the forward, transient in backward) of the loss and head."""
+    c, h, tokens = w.counts, w.spec.hidden_size, w.tokens
+    vocab = w.spec.vocab_size
+    chunk = max(128, LOGITS_PER_CHUNK // vocab)
+    # two fp32 chunks and two bf16 ones live at once: the previous chunk's until the next replaces it
+    transient = 12 * min(chunk, tokens) * vocab
+    cast_weight = w.full and w.residual_bytes == 4  # fp32 head weights cast to bf16 for the chunks
+    transient += (2 * c.head if cast_weight else 0) + (2 * tokens * h if w.residual_bytes == 4 else 0)
+    kept = 4 * c.head if (w.head_trains and w.fused_head) else 0.0  # fp32 gradient of the head, made in forward
+    # backward scales the kept gradient into a new fp32 tensor, cast again where the weights are bf16
+    backward = 2 * kept + (2 * c.head if kept and w.residual_bytes == 2 else 0)
+    return kept, transient, backward
+
+
+def _head_grad_held(w: Workload) -> float:
+    """FSDP's unsharded bf16 gradient of the root (the head's) waits for the end of backward to be reduced."""
+    return 2 * w.counts.head if (w.strategy.name == "fsdp" and w.head_trains and w.fused_head) else 0.0
+
+
+def _backward_temps(w: Workload, act: Activations) -> float:
+    """Gradient temporaries of the block being differentiated (and its rebuilt activations when checkpointed)."""
+    s = w.spec
+    inner = s.shape.get("intermediate_size") or s.shape.get("n_inner") or 4 * s.hidden_size
+    temps = 2 * w.tokens * inner * w.compute_bytes
+    if act.attention == "math":  # gradients of the S x S probabilities
+        temps += 2 * w.cfg.batch_size * s.num_heads * w.cfg.seq_len ** 2 * w.compute_bytes
+    if w.cfg.grad_ckpt:
+        temps += w.tokens * act.per_layer
+    return temps
+
+
+def _step_temps(w: Workload) -> float:
+    if w.deepspeed:
+        return 8 * w.trainable / w.sharded  # fp32 gradients of the partition and the update's buffers (measured)
+    return 4 * w.trainable / w.sharded if w.cfg.optimizer == "adamw" else 0.0  # foreach AdamW: one fp32 temp
+
+
+def memory(w: Workload) -> MemoryPlan:
+    act = activations(w)
+    weights, working = _weights(w), _working(w)
+    opt, paged = _optimizer(w)
+    grads = _grads(w)
+    kept_loss, loss_transient, loss_backward = _loss(w)
+    acts = w.tokens * (w.layers * act.kept_per_layer + act.outside)
+    persistent = sum(i.bytes for i in weights + working) + opt
+    # Accumulation keeps gradients across micro-batches. DDP keeps its buckets (the gradients' storage after
+    # the first step) and, measured, a second copy of the gradients when it communicates or accumulates.
+    grads_in_forward = grads if w.cfg.grad_accum > 1 else 0.0
+    if w.strategy.name == "ddp":
+        grads_in_forward = grads * (2 if w.world > 1 or w.cfg.grad_accum > 1 else 1)
+    if w.strategy.name == "fsdp" and w.cfg.grad_accum > 1:  # no_sync accumulates unsharded gradients
+        grads_in_forward = w.compute_bytes * w.trainable
+    forward = persistent + grads_in_forward + acts + kept_loss + loss_transient
+    # backward: first the loss's gradients, then (once they are freed) the last block's temporaries
+    backward = (persistent + grads_in_forward + acts + _backward_buffers(w)
+                + max(loss_backward, _head_grad_held(w) + _backward_temps(w, act)))
+    if w.strategy.name == "fsdp":  # the end of backward: every shard's gradient, the root's unsharded bf16 ones
+        # still to reduce, and the fp32 reduce-scatter input of the last block reduced
+        root = w.counts.embeddings + (0 if w.counts.tied else w.counts.head)
+        backward = max(backward, persistent + grads + (2 * root + 4 * w.counts.per_block) * w.full)
+    step = persistent + grads + _step_temps(w)
+    items = weights + [Item("optimizer states", opt + paged, w.cfg.optimizer + (" (paged: managed memory)" if paged
+                                                                               else "")),
+                       Item("gradients", grads, "bf16 partition" if w.deepspeed else "fp32"),
+                       Item("activations", acts, act.note),
+                       Item("loss chunk", loss_transient + kept_loss, "logits of one chunk; the head's gradient")]
+    items += working
+    plan = MemoryPlan(items, {"forward": forward, "backward": backward, "step": step}, act, paged)
+    plan.context_bytes = CONTEXT_BYTES[1] if w.world == 1 and w.strategy.name == "single" else (
+        CONTEXT_BYTES["nccl"] if w.world == 1 else CONTEXT_BYTES["nccl-multi"])
+    plan.reserve_bytes = max(0.25 * GIB, RESERVE_FRACTION[w.strategy.name] * plan.peak_allocated)
+    return plan

@@ -1,0 +1,115 @@
+"""Step time of one configuration: the GPU's work against its ceilings, the host's, and the network's.
+
+  matmuls      FLOPs of every GEMM (blocks, head, adapters; recompute under checkpointing) at the matmul
+               ceiling, scaled down for narrow models and short micro-batches (measured: 31% of MAMF at
+               hidden 768, 95% at 2048; 20% less again with 2048 tokens than with 16384)
+  attention    causal flash attention, forward + backward (2.5x), at 45% of the dense peak
+  elementwise  memory-bound kernels: 6.5-10.7 bytes moved per byte an op keeps for backward (measured per
+               architecture on an H200), the loss's fp32 logits, QLoRA's dequantization
+  optimizer    ~118 bytes moved per trained parameter (AdamW with clipping: measured, fused or foreach)
+  host         Python per block and micro-batch (hooks of FSDP2 and ZeRO-3, peft and bitsandbytes calls):
+               the step takes the longer of the GPU's work and the host's, and a little of the shorter
+               (launch gaps)
+  network      the strategy's collectives at the measured bus bandwidth, the part not hidden behind compute,
+               and the latency of the per-block collectives of sharded strategies
+Constants were measured on an H200 host (benchmarks/data); elsewhere they scale with the GPU's figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunebench.plan.activations import activations
+from tunebench.plan.hardware import Hardware
+from tunebench.plan.workload import Workload
+
+ATTENTION_OF_PEAK = 0.45
+ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 6.5, ("llama", False): 10.5,
+                               ("llama", True): 10.7}  # (architecture, compiled)
+LOSS_BYTES_PER_LOGIT = 30
+OPTIMIZER_BYTES = {"adamw": 118, "adamw_fused": 118, "adamw_8bit": 50, "paged_adamw_8bit": 50}
+# Host seconds per block per micro-batch, and per adapted linear per pass (measured on the H200 host)
+HOST_PER_BLOCK = {"single": 0.8e-3, "ddp": 0.8e-3, "fsdp": 2.7e-3, "zero2": 0.8e-3, "zero3": 6.2e-3}
+HOST_PER_ADAPTER = 0.5e-3
+DEEPSPEED_PER_MICRO_S = 8e-3  # DeepSpeed's engine bookkeeping per micro-batch (backward hooks, step calls)
+# Of the shorter of GPU and host time, what still shows (launch gaps); ZeRO-3 waits for each gathered weight.
+LAUNCH_GAPS = {"zero3": 0.45}
+LAUNCH_GAPS_DEFAULT = 0.1
+# Latency of the per-block collectives of sharded strategies, per block and micro-batch, on more than one GPU
+COLLECTIVE_LATENCY_PER_BLOCK = {"fsdp": 0.5e-3, "zero3": 0.3e-3}
+HIDDEN_BEHIND_COMPUTE = {"ddp": 0.8, "fsdp": 0.7, "zero2": 0.7, "zero3": 0.5}
+
+
+@dataclass(frozen=True)
+class StepTime:
+    seconds: float
+    parts: dict[str, float]  # GPU work by kind, host, exposed communication (seconds per step)
+    bound: str  # "GPU", "host" or "network"
+
+
+def matmul_efficiency(hidden: int, tokens: int) -> float:
+    """Fraction of the matmul ceiling the model's GEMMs reach: narrow layers and short micro-batches fall below it."""
+    return 0.93 / (1 + (880 / hidden) ** 5) * tokens / (tokens + 600)
+
+
+def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
+    s, c, cfg = w.spec, w.counts, w.cfg
+    tokens = w.tokens * cfg.grad_accum
+    passes = 3 if cfg.grad_ckpt else 2  # passes over the weights: forward, backward, recompute
+    blocks = c.block_linears * (6 if w.full else 4) + (2 * c.block_linears if cfg.grad_ckpt else 0)
+    head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
+    adapters = w.lora_params * (8 if cfg.grad_ckpt else 6)
+    gemm = (blocks + head) * tokens / (hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens))
+    gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
+    q = s.num_heads * s.head_dim
+    attention = 2 * cfg.seq_len * q * w.layers * (3.5 + (1 if cfg.grad_ckpt else 0)) * tokens
+    act = activations(w)
+    # backward moves about twice the forward's bytes; a recompute adds one forward
+    traffic = 2 * (1 + (1 / 3 if cfg.grad_ckpt else 0))
+    moved = ELEMENTWISE_BYTES_PER_SAVED[w.family, cfg.compile] * act.per_layer * w.layers * traffic * tokens
+    moved += LOSS_BYTES_PER_LOGIT * tokens * s.vocab_size
+    if cfg.method == "qlora":
+        moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
+    optimizer = OPTIMIZER_BYTES[cfg.optimizer] * w.trainable / w.sharded
+    return {"matmul": gemm, "attention": attention / (ATTENTION_OF_PEAK * hw.gpu.peak_flops),
+            "elementwise": moved / hw.bandwidth, "optimizer": optimizer / hw.bandwidth}
+
+
+def _host(w: Workload) -> float:
+    passes = 3 if w.cfg.grad_ckpt else 2
+    per_block = HOST_PER_BLOCK[w.strategy.name] + len(w.targets) * HOST_PER_ADAPTER * passes
+    return w.cfg.grad_accum * w.layers * per_block
+
+
+def _network(w: Workload, hw: Hardware, compute: float) -> float:
+    """Seconds of communication per step that compute does not hide."""
+    n, world, name = w.trainable, w.world, w.strategy.name
+    if world == 1 or name == "single":
+        return 0.0
+    share = (world - 1) / world
+    nodes = w.cfg.nnodes
+    if name == "ddp":  # all-reduce of fp32 gradients (ring: 2(W-1)/W of the bytes)
+        t = 2 * share * 4 * n / hw.collective("all_reduce", nodes)
+    elif name == "fsdp":  # bf16 all-gathers in forward and backward, fp32 reduce-scatter, per micro-batch
+        params = w.counts.total * w.compute_bytes
+        t = w.cfg.grad_accum * share * 2 * params / hw.collective("all_gather", nodes)
+        t += share * 4 * n / hw.collective("reduce_scatter", nodes)
+    elif name == "zero2":  # bf16 reduce-scatter of gradients, all-gather of updated weights
+        t = share * 2 * n / hw.collective("reduce_scatter", nodes) + share * 2 * n / hw.collective("all_gather", nodes)
+    else:  # zero3: weights gathered for forward and backward, gradients reduce-scattered
+        t = w.cfg.grad_accum * share * 4 * w.counts.total / hw.collective("all_gather", nodes)
+        t += share * 2 * n / hw.collective("reduce_scatter", nodes)
+    latency = w.cfg.grad_accum * w.layers * COLLECTIVE_LATENCY_PER_BLOCK.get(name, 0.0)
+    return max(t - HIDDEN_BEHIND_COMPUTE[name] * compute, 0.0) + latency
+
+
+def step_time(w: Workload, hw: Hardware) -> StepTime:
+    gpu = _gpu_work(w, hw)
+    compute, host = sum(gpu.values()), _host(w)
+    network = _network(w, hw, compute)
+    # host-bound: the GPU idles between launches; GPU-bound: part of the host's work still shows
+    busy = host if host > compute else compute + LAUNCH_GAPS.get(w.strategy.name, LAUNCH_GAPS_DEFAULT) * host
+    busy += DEEPSPEED_PER_MICRO_S * w.cfg.grad_accum if w.deepspeed else 0.0
+    parts = gpu | {"host": host, "network (exposed)": network}
+    bound = "network" if network > 0.25 * busy else ("host" if host > compute else "GPU")
+    return StepTime(busy + network, parts, bound)

@@ -1,0 +1,75 @@
+"""Tables of a prediction: the verdict and figures, the memory item by item, the step's time by kind."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tunebench.document import Table
+from tunebench.format import config_label, fmt, gib, pct
+from tunebench.plan import Prediction
+
+
+def summary_table(p: Prediction) -> Table:
+    c, m, t = p.cfg, p.mem, p.time
+    title = f"tunebench plan: {config_label(c.model_dump(), world_size=p.world)} on {p.hw.gpu.name}"
+    tab = Table(["", ""], title=title, show_header=False)
+    tab.add("verdict", f"{p.verdict}: needs {gib(m.total)} of {gib(p.hw.gpu.memory_bytes)} per GPU "
+                       f"({pct(m.total / p.hw.gpu.memory_bytes)})")
+    tab.add("peak allocated", f"{gib(m.peak_allocated)} per GPU, in the {m.peak_phase}  "
+                              f"(forward {gib(m.phases['forward'])}, backward {gib(m.phases['backward'])}, "
+                              f"step {gib(m.phases['step'])})")
+    beyond = f"allocator reserve {gib(m.reserve_bytes)}, CUDA context {gib(m.context_bytes)}"
+    if m.paged_bytes:
+        beyond += f", paged optimizer state {gib(m.paged_bytes)}"
+    tab.add("beyond the peak", beyond)
+    tab.add("tokens/s", f"{fmt(p.tokens_per_s, ',.0f')}  ({fmt(p.tokens_per_s / p.world, ',.0f')} per GPU)")
+    tab.add("step time", f"{t.seconds * 1e3:,.1f} ms  ({t.bound}-bound)")
+    tab.add("MFU", pct(p.mfu))
+    tab.add("hardware figures", p.hw.source)
+    if p.verdict == "tight":
+        tab.add("note", "within 5% of the GPU's memory: fragmentation may still run out; "
+                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it")
+    return tab
+
+
+def memory_table(p: Prediction) -> Table:
+    m = p.mem
+    tab = Table(["memory per GPU", "GiB", "what"], title="memory breakdown")
+    for item in m.items:
+        tab.add(item.name, gib(item.bytes, unit=""), item.note)
+    a = m.activations
+    tab.add("  per block", gib(a.kept_per_layer * p.cfg.batch_size * p.cfg.seq_len, ".3f", ""),
+            f"{fmt(a.kept_per_layer, ',.0f')} bytes/token kept ({fmt(a.per_layer, ',.0f')} during its backward), "
+            f"{a.attention} attention")
+    return tab
+
+
+def time_table(p: Prediction) -> Table:
+    """GPU work by kind (shares of it); the host's work runs beside it, the exposed network after it."""
+    tab = Table(["step time", "ms", "share"], title=f"where the step's time goes ({p.time.bound}-bound)")
+    parts = dict(p.time.parts)
+    host, network = parts.pop("host"), parts.pop("network (exposed)")
+    gpu = sum(parts.values()) or 1.0
+    for kind, seconds in parts.items():
+        tab.add(f"GPU: {kind}", fmt(seconds * 1e3, ",.1f"), pct(seconds / gpu))
+    tab.add("GPU work", fmt(gpu * 1e3, ",.1f"), "")
+    tab.add("host (beside the GPU)", fmt(host * 1e3, ",.1f"), "")
+    tab.add("network (not hidden)", fmt(network * 1e3, ",.1f"), "")
+    tab.add("step", fmt(p.time.seconds * 1e3, ",.1f"), "")
+    return tab
+
+
+def compare_table(rows: Sequence[Any]) -> Table:
+    """rows: api.plan.Row (strategy, world, prediction or refusal)."""
+    tab = Table(["strategy", "GPUs", "peak alloc/GPU", "needs/GPU", "verdict", "step ms", "tokens/s",
+                 "tokens/s/GPU", "MFU", "bound or why refused"], title="strategies and world sizes")
+    for r in rows:
+        p = r.prediction
+        if p is None:
+            tab.add(r.strategy, str(r.world), "-", "-", "refused", "-", "-", "-", "-", r.refused or "")
+            continue
+        tab.add(r.strategy, str(r.world), gib(p.mem.peak_allocated), gib(p.mem.total), p.verdict,
+                fmt(p.time.seconds * 1e3, ",.1f"), fmt(p.tokens_per_s, ",.0f"),
+                fmt(p.tokens_per_s / p.world, ",.0f"), pct(p.mfu), p.time.bound)
+    return tab

@@ -1,0 +1,124 @@
+"""What a configuration asks of one GPU, from its config and the model's shape alone (no torch).
+
+The planner's questions (how many bytes, how many FLOPs) all start from here: the parameter counts,
+which of them train, how the weights are stored, and in what dtype the activations flow. The dtypes
+follow what the engine does (tunebench.models.build, tunebench.strategies):
+
+  full on single/ddp   fp32 master weights under bf16 autocast: the residual stream is fp32
+  full on fsdp         FSDP2 casts the weights to bf16 for compute (fp32 shards): a bf16 stream, autocast
+  full on zero2/zero3  DeepSpeed holds bf16 weights (fp32 masters in its optimizer), no autocast
+  lora / qlora         the frozen base in bf16 (QLoRA: NF4 block linears), fp32 adapters, autocast
+  precision fp32       everything fp32, no autocast
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tunebench.config import RunConfig
+from tunebench.errors import UserError
+from tunebench.models.count import Counts, Linear, counts
+from tunebench.models.spec import ModelSpec, resolve_model
+from tunebench.strategies import STRATEGIES, Strategy
+
+Family = Literal["llama", "gpt2"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    cfg: RunConfig  # precision made concrete for a GPU
+    spec: ModelSpec
+    counts: Counts
+    strategy: Strategy
+    world: int  # GPUs in the run
+    family: Family
+    targets: tuple[Linear, ...]  # one block's linears that get LoRA adapters (empty for full)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in one micro-batch on one GPU."""
+        return self.cfg.batch_size * self.cfg.seq_len
+
+    @property
+    def layers(self) -> int:
+        return self.spec.num_layers
+
+    @property
+    def full(self) -> bool:
+        return self.cfg.method == "full"
+
+    @property
+    def lora_params(self) -> int:
+        r = self.cfg.lora_rank
+        return self.layers * sum(r * (t.fan_in + t.fan_out) for t in self.targets)
+
+    @property
+    def trainable(self) -> int:
+        return self.counts.total if self.full else self.lora_params
+
+    @property
+    def fp32(self) -> bool:
+        return self.cfg.precision == "fp32"
+
+    @property
+    def deepspeed(self) -> bool:
+        return self.strategy.deepspeed
+
+    @property
+    def autocast(self) -> bool:
+        """The step runs under autocast (DeepSpeed casts the model itself; fp32 needs no cast)."""
+        return not self.fp32 and not self.deepspeed
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of matmul outputs and low-precision weights."""
+        return 4 if self.fp32 else 2
+
+    @property
+    def residual_bytes(self) -> int:
+        """Bytes per element of the residual stream: the dtype the embeddings and block outputs have."""
+        if self.fp32 or (self.full and self.strategy.name in ("single", "ddp")):
+            return 4
+        return 2
+
+    @property
+    def sharded(self) -> int:
+        """How many GPUs share the model states (1 for replicated strategies)."""
+        return self.world if self.strategy.name in ("fsdp", "zero2", "zero3") else 1
+
+    @property
+    def fused_head(self) -> bool:
+        """The head's matmul is fused with the loss (engine.loss); else chunks recomputed in backward."""
+        return self.strategy.fused_head and (self.full or "lm_head" not in self.cfg.lora_targets)
+
+    @property
+    def head_trains(self) -> bool:
+        return self.full
+
+
+def _family(spec: ModelSpec) -> Family | None:
+    kind = spec.shape.get("model_type") or ("gpt2" if "n_layer" in spec.shape else "llama")
+    if kind == "gpt2":
+        return "gpt2"
+    return "llama" if kind in ("llama", "mistral", "qwen2") and "intermediate_size" in spec.shape else None
+
+
+def lora_targets(c: Counts, targets: list[str]) -> tuple[Linear, ...]:
+    if targets == ["all-linear"]:
+        return c.linears
+    return tuple(lin for lin in c.linears if any(lin.name == t or t.endswith("." + lin.name) for t in targets))
+
+
+def workload(cfg: RunConfig, world: int) -> Workload:
+    """The workload of `cfg` on `world` GPUs. Refuses models whose architecture the planner does not know."""
+    spec = resolve_model(cfg.model)
+    family, c = _family(spec), counts(spec)
+    if family is None or c is None:
+        raise UserError(f"cannot plan model={cfg.model}: the planner knows Llama/Mistral/Qwen2 and GPT-2 "
+                        f"architectures, not {spec.shape.get('model_type', 'this one')}")
+    strategy = STRATEGIES[cfg.strategy]
+    strategy.check(cfg, world, packages=False)
+    cfg = cfg.resolved("cuda")
+    targets = () if cfg.method == "full" else lora_targets(c, cfg.lora_targets)
+    return Workload(cfg, spec, c, strategy, world, family, targets)

@@ -1,0 +1,223 @@
+"""tunebench plan: predictions checked against every GPU record we measured, against the real models'
+parameters and saved activations on the CPU, and the command's output and errors."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import cli_subprocess
+from tunebench.api.plan import prediction_for, run_config
+from tunebench.api.records import finalize
+from tunebench.config import RunConfig
+from tunebench.gpus import match
+from tunebench.plan import predict, workload
+from tunebench.plan.activations import activations
+from tunebench.plan.memory import memory
+from tunebench.record import ResultRecord
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+MEMORY_GOAL, SPEED_GOAL = 0.05, 0.15
+
+
+def _records(kind: str) -> list[ResultRecord]:
+    recs = []
+    for f in sorted(DATA.glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            raw = json.loads(line)
+            if raw.get("kind") == kind and raw.get("schema_version"):
+                recs.append(ResultRecord.model_validate(raw))
+    return recs
+
+
+def test_predictions_against_every_gpu_record(capsys):
+    """The validation table: predicted vs measured peak memory and tokens/s per GPU, every GPU run we made."""
+    hw = [(r.id[:12], r.metrics.model_dump()) for r in _records("hw")]
+    runs = [r for r in _records("train") if r.status == "ok" and r.environment.get("device") == "cuda"]
+    assert len(runs) >= 50
+    mem_err, tps_err, lines = [], [], []
+    for r in runs:
+        gpu = match(r.environment["gpu"]["name"])
+        p = predict(run_config(r.config), gpu, r.metrics.world_size, hw if gpu.name == "H200" else [])
+        em = p.mem.peak_allocated / r.metrics.peak_mem_allocated_bytes - 1
+        et = p.tokens_per_s / r.metrics.tokens_per_s - 1
+        mem_err.append(abs(em))
+        tps_err.append(abs(et))
+        c = r.config
+        lines.append(f"{gpu.name:9} {c['model']:13} {c['method']:5} {c.get('strategy', 'single'):6} "
+                     f"x{r.metrics.world_size} b{c['batch_size']}x{c['grad_accum']} s{c['seq_len']:<5}"
+                     f"{' ckpt' if c['grad_ckpt'] else '     '}{' compile' if c['compile'] else '        '} "
+                     f"memory {r.metrics.peak_mem_allocated_bytes / 2**30:6.2f} GiB predicted "
+                     f"{p.mem.peak_allocated / 2**30:6.2f} ({em:+6.1%})   tokens/s {r.metrics.tokens_per_s:9,.0f} "
+                     f"predicted {p.tokens_per_s:9,.0f} ({et:+6.1%})")
+    within_mem = sum(e <= MEMORY_GOAL for e in mem_err)
+    within_tps = sum(e <= SPEED_GOAL for e in tps_err)
+    with capsys.disabled():
+        print(f"\nplanner vs {len(runs)} GPU runs in benchmarks/data: peak memory within 5% on {within_mem}, "
+              f"tokens/s within 15% on {within_tps}")
+        print("\n".join(lines))
+    assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
+    assert within_mem >= 0.9 * len(runs)
+    assert max(tps_err) <= 0.25, "a throughput prediction is off by more than 25%"
+    assert within_tps >= 0.9 * len(runs)
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    total = 0
+    for p in {id(p): p for p in model.parameters()}.values():
+        total += p.numel() * p.element_size()
+        qs = getattr(p, "quant_state", None)
+        if qs is not None:  # the absmax (and its own absmax) travel with a 4-bit weight
+            total += qs.absmax.numel() * qs.absmax.element_size()
+            if qs.state2 is not None:
+                total += qs.state2.absmax.numel() * qs.state2.absmax.element_size()
+    return total
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_weights_and_adapters_match_the_built_model(method):
+    from tunebench.engine.model import count_params
+    from tunebench.methods import apply_method
+    from tunebench.models import build_model, resolve_model
+
+    cfg = RunConfig(model="tiny-llama", method=method, precision="bf16", lora_targets=["q_proj", "down_proj"])
+    model, _ = build_model(resolve_model(cfg.model), cfg, torch.device("cpu"))
+    model = apply_method(model, cfg)
+    w = workload(cfg, 1)
+    plan = memory(w)
+    weights = sum(i.bytes for i in plan.items if i.name.startswith(("weights", "LoRA", "quantization", "master")))
+    assert w.trainable == count_params(model)[1]
+    assert weights == pytest.approx(_param_bytes(model), rel=0.02 if method == "qlora" else 1e-9)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_block_activations_match_what_autograd_saves(tmp_path, precision):
+    """Without autocast (DeepSpeed's bf16, or fp32) the CPU saves what the GPU saves: counted per block."""
+    from tunebench.engine.model import CausalLMWithLoss, transformer_blocks
+    from tunebench.models import resolve_model
+    from tunebench.models.build import Weights, build
+
+    cfg_json = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
+                "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+                "max_position_embeddings": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(cfg_json))
+    spec = resolve_model(str(tmp_path))
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model, _ = build(spec, Weights(dtype=dtype), torch.device("cpu"))
+    model.train()
+    blocks = transformer_blocks(model, 2)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    inside = [False]
+    blocks[1].register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+    blocks[1].register_forward_hook(lambda *a: inside.__setitem__(0, False))
+
+    def pack(t):
+        st = t.untyped_storage()
+        if inside[0] and st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    seq = 256
+    ids = torch.randint(0, 512, (2, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        CausalLMWithLoss(model, 512)(ids, ids)
+    measured = sum(seen.values()) / (2 * seq)
+    strategy = "zero2" if precision == "bf16" else "single"  # DeepSpeed runs bf16 without autocast
+    w = workload(RunConfig(model=str(tmp_path), precision=precision, strategy=strategy, seq_len=seq), 1)
+    assert activations(w).per_layer == pytest.approx(measured, rel=0.03)
+
+
+def test_plan_prints_the_verdict_breakdown_and_time(tb):
+    code, out, err = tb("plan", "--model", "mistral-7b", "--method", "qlora", "--seq-len", "1024", "--batch-size", "4",
+                        "--grad-ckpt", "--optimizer", "paged_adamw_8bit", "--gpu", "H100-80GB", "--no-store")
+    assert code == 0, err
+    for words in ("verdict", "fits:", "NF4 block linears", "quantization constants", "LoRA adapters",
+                  "paged", "activations", "CUDA context", "tokens/s", "MFU", "GPU: matmul", "spec sheet"):
+        assert words in out, words
+
+
+def test_plan_json_uses_the_record_metric_names(tb):
+    code, out, _ = tb("plan", "--model", "llama-3-8b", "--strategy", "fsdp", "--nproc-per-node", "4",
+                      "--seq-len", "4096", "--batch-size", "2", "--grad-ckpt", "--gpu", "H200", "--json", "--no-store")
+    p = json.loads(out)
+    assert code == 0 and p["world_size"] == 4 and p["verdict"] == "fits"
+    assert {"peak_mem_allocated_bytes", "tokens_per_s", "tokens_per_s_per_gpu", "step_time_s"} <= set(p)
+    names = [i["name"] for i in p["breakdown"]["memory"]]
+    assert "unsharded blocks" in names and "optimizer states" in names
+    assert p["peak_mem_allocated_bytes"] == max(p["breakdown"]["phases"].values())
+
+
+def test_plan_verdicts_follow_the_gpu(tb):
+    big = ("plan", "--model", "mistral-7b", "--method", "full", "--seq-len", "2048", "--batch-size", "4",
+           "--json", "--no-store")
+    on_h200 = json.loads(tb(*big, "--gpu", "H200")[1])
+    on_l4 = json.loads(tb(*big, "--gpu", "L4")[1])
+    assert on_l4["verdict"] == "does not fit" and on_l4["fits"] is False
+    assert on_h200["peak_mem_allocated_bytes"] == on_l4["peak_mem_allocated_bytes"]  # memory needs no GPU figures
+    assert on_h200["tokens_per_s"] > 5 * on_l4["tokens_per_s"]
+
+
+def test_plan_compare_lists_strategies_and_refusals(tb):
+    code, out, _ = tb("plan", "--model", "mistral-7b", "--method", "qlora", "--gpu", "H100-80GB", "--compare",
+                      "--gpus", "1,2", "--json", "--no-store")
+    rows = json.loads(out)
+    assert code == 0
+    assert {(r["strategy"], r["world_size"]) for r in rows} >= {("single", 1), ("ddp", 2), ("fsdp", 2)}
+    fsdp = next(r for r in rows if r["strategy"] == "fsdp")
+    assert fsdp["prediction"] is None and "QLoRA with FSDP2" in fsdp["refused"]
+    ddp = {r["world_size"]: r["prediction"] for r in rows if r["strategy"] == "ddp"}
+    assert ddp[2]["tokens_per_s"] > 1.5 * ddp[1]["tokens_per_s"]
+
+
+def test_plan_reads_a_train_config(tb, tmp_path):
+    (tmp_path / "train.yaml").write_text("model: tiny-llama\nmethod: lora\ndata: corpus.txt\nseq_len: 256\n"
+                                         "batch_size: 4\nepochs: 2\n")
+    (tmp_path / "corpus.txt").write_text("hello\n")
+    code, out, err = tb("plan", str(tmp_path / "train.yaml"), "--gpu", "A100-40GB", "--json", "--no-store")
+    assert code == 0, err
+    assert json.loads(out)["gpu"] == "A100-40GB"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--gpu", "H300"), "unknown GPU 'H300': known GPUs are B200,"),
+    ((), "no GPU detected on this machine: name the GPU to plan for with --gpu"),
+    (("--gpu", "H100", "--model", "gpt-neox-20b"), "invalid model=gpt-neox-20b"),
+])
+def test_plan_bad_input_is_one_line(tb, args, message):
+    code, _, err = tb("plan", *args, "--no-store")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_never_imports_torch():
+    probe = ("import sys; from tunebench.cli import main; "
+             "code = main(['plan', '--model', 'llama-3-8b', '--gpu', 'H100-80GB', '--no-store']); "
+             "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(code)")
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_stored_gpu_runs_carry_their_prediction():
+    rec = next(r for r in _records("train") if r.config["model"] == "llama-3-8b")
+    rec.metrics.predicted = None
+    finalize(rec, None)
+    p = rec.metrics.predicted
+    assert p["gpu"] == "H200" and p["world_size"] == 4 and p["peak_phase"] == "backward"
+    assert p["peak_mem_allocated_bytes"] == pytest.approx(rec.metrics.peak_mem_allocated_bytes, rel=0.05)
+    cpu = ResultRecord.for_config(RunConfig(), {"device": "cpu", "gpu": {}})
+    assert prediction_for(cpu) is None
+
+
+def test_report_shows_predicted_against_measured(tmp_path):
+    store, out = tmp_path / "r.db", tmp_path / "report"
+    done = cli_subprocess("results", "merge", str(DATA / "2026-11-21-h200x4-scale8-llama8b.jsonl"), "--store",
+                          str(store))
+    assert done.returncode == 0, done.stderr
+    done = cli_subprocess("report", "--store", str(store), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    md = (out / "report.md").read_text()
+    assert "## Planner: predicted vs measured" in md and "over 13 runs" in md
