@@ -34,7 +34,8 @@ def _records(kind: str) -> list[ResultRecord]:
 
 def test_predictions_against_every_gpu_record(capsys):
     """The validation table: predicted vs measured peak memory and tokens/s per GPU, every GPU run we made."""
-    hw = [(r.id[:12], r.metrics.model_dump()) for r in _records("hw")]
+    newest_first = sorted(_records("hw"), key=lambda r: r.created_at, reverse=True)  # as api.plan.measured_hw
+    hw = [(r.id[:12], r.metrics.model_dump()) for r in newest_first]
     runs = [r for r in _records("train") if r.status == "ok" and r.environment.get("device") == "cuda"]
     assert len(runs) >= 50
     mem_err, tps_err, lines = [], [], []

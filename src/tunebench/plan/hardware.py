@@ -1,8 +1,9 @@
 """The figures a prediction runs on: measured by `tunebench hw` where the store has them, else the catalog's.
 
-Without a measured record the matmul ceiling is 80% of the dense peak (MAMF measured 80.5% on H200),
-memory bandwidth 88% of the spec (device copy measured 4236 of 4800 GB/s on H200) and a collective's
-bus bandwidth 78% of the GPU's link (all-reduce measured 353 of 450 GB/s on 4 H200).
+Without a measured record the matmul ceiling is 80% of the dense peak (MAMF measured 80.5-81% on H200),
+memory bandwidth 81% of the spec (device copy measured 3878 of 4800 GB/s on the 4-GPU H200 host whose
+figures calibrated plan.speed; 4236 on a 1-GPU host) and a collective's bus bandwidth 78% of the GPU's
+link (all-reduce measured 353 of 450 GB/s on 4 H200).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from tunebench.gpus import Gpu
 
 MAMF_OF_PEAK = 0.80
-COPY_OF_SPEC = 0.88
+COPY_OF_SPEC = 0.81
 BUSBW_OF_LINK = 0.78
 INTER_NODE_GBPS = 25.0  # per GPU across nodes (200 Gb/s NICs) when nothing was measured
 

@@ -25,8 +25,8 @@ from tunebench.report.sections import (
 )
 
 SECTIONS: list[Callable[[ReportContext], Section | None]] = [
-    summary.section, performance.section, jobs.section, step_times.section, memory.section, planner.section, mfu.section,
-    diagnostic.section,
+    summary.section, performance.section, jobs.section, step_times.section, memory.section, planner.section,
+    mfu.section, diagnostic.section,
     scaling.section, cost.section, recommendations.section, hardware.section, loading.section, inference.section,
 ]
 
