@@ -18,7 +18,8 @@ def _flops(name: str, cfg: RunConfig):
     spec = resolve_model(name)
     model = apply_method(load_meta_model(spec, cfg), cfg)  # meta: shapes only
     head = (model.get_base_model() if hasattr(model, "get_base_model") else model).get_output_embeddings()
-    return flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len, cfg.grad_ckpt)
+    return flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
+                           cfg.recompute_share)
 
 
 def test_gpt2_small_full_training():

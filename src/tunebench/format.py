@@ -55,7 +55,8 @@ def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None 
     if kind == "hw":
         return "hw " + ",".join(c.get("sections", []))
     world = f" x{world_size}" if world_size else ""
-    extras = "".join(f" {name}" for name, key in (("ckpt", "grad_ckpt"), ("compile", "compile")) if c.get(key))
+    every = c.get("ckpt_every", 1)
+    extras = (" ckpt" + (f"/{every}" if every > 1 else "")) * bool(c.get("grad_ckpt")) + " compile" * bool(c.get("compile"))
     return (f"{c['model']} {c['method']} {c.get('strategy', 'single')}{world} "
             f"b{c['batch_size']}x{c.get('grad_accum', 1)} s{c['seq_len']}{extras}")
 

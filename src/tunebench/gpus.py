@@ -48,7 +48,6 @@ CATALOG: tuple[Gpu, ...] = (
     Gpu("L40S", r"L40S", 46068 * MIB, 362, 864, 32, fp8=True),
     Gpu("L40", r"L40\b", 46068 * MIB, 181, 864, 32, fp8=True),
     Gpu("L4", r"\bL4\b", 23034 * MIB, 121, 300, 32, fp8=True),
-    Gpu("A10G", r"A10G", 23028 * MIB, 70, 600, 32),
     Gpu("A10", r"\bA10\b", 23028 * MIB, 125, 600, 32),
     Gpu("RTX-4090", r"4090", 24564 * MIB, 165, 1008, 32, fp8=True),
     Gpu("A6000", r"A6000", 49140 * MIB, 155, 768, 56),

@@ -160,6 +160,7 @@ class TrainMetrics(BaseModel):
     telemetry: RunTelemetry | None = None  # NVML over the timed steps; absent (None) without NVML
     energy_j_per_token: float | None = None
     job: JobFigures | None = None  # a training job's own figures (tunebench train); None for a benchmark
+    stopped_early: bool | None = None  # abandoned after 3 timed steps slower than the config's max_step_s
     # tunebench plan's figures for this config on this GPU, stored with the run (GPU runs of known models)
     predicted: dict[str, Any] | None = None
 

@@ -121,6 +121,16 @@ class Outcome:
     job: JobFigures | None = None  # a training job's own figures
 
 
+def checkpoint_every(blocks: nn.ModuleList, every: int) -> None:
+    """Selective checkpointing: keep it on one block in `every` (Hugging Face turned it on for all of them)."""
+    for i, block in enumerate(blocks):
+        block.gradient_checkpointing = i % every == 0
+
+
+def checkpointed_share(blocks: nn.ModuleList) -> float:
+    return sum(bool(getattr(b, "gradient_checkpointing", False)) for b in blocks) / len(blocks)
+
+
 @dataclass
 class Trainable:
     """The model ready to train: built, its method applied, wrapped by its strategy with its optimizer."""
@@ -138,6 +148,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     model, out.weights = build_model(spec, cfg, device, progress=_build_progress(spec.name) if big else None)
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_every(transformer_blocks(model, spec.num_layers), cfg.ckpt_every)
     model = apply_method(model, cfg)
     model.train()
     head = unwrap(model).get_output_embeddings()
@@ -148,7 +159,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     out.params_total, out.params_trainable = count_params(model)
     # Counted before the strategy shards anything (ZeRO-3 leaves empty partitions behind).
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
-                                cfg.grad_ckpt, head_recompute=not (strategy.fused_head and is_fusable(head)))
+                                checkpointed_share(blocks), head_recompute=not (strategy.fused_head and is_fusable(head)))
     module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size))
 
@@ -164,7 +175,7 @@ def _train(plan: Plan, out: Outcome, started: float, progress: ProgressFn | None
     data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
     step = optimizer_step_fn(t.ts, data, cfg, device, ctx)
     out.setup_s = time.perf_counter() - started
-    out.loop = run_loop(step, LoopSpec(cfg.steps, cfg.warmup, fault=cfg.fault), device,
+    out.loop = run_loop(step, LoopSpec(cfg.steps, cfg.warmup, fault=cfg.fault, max_step_s=cfg.max_step_s), device,
                         progress if ctx.is_main else None, ctx, telemetry_for(plan))
 
 
@@ -205,5 +216,6 @@ def attempt(plan: Plan, work: Callable[[Outcome, float], None], started: float |
     rec.metrics.setup_s, rec.metrics.weights = out.setup_s, out.weights
     rec.metrics.params_total, rec.metrics.params_trainable = out.params_total, out.params_trainable
     rec.metrics.nnodes, rec.metrics.precision, rec.metrics.job = ctx.nnodes, cfg.precision, out.job
+    rec.metrics.stopped_early = out.loop.abandoned or None
     release(device)
     return rec

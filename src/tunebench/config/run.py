@@ -43,7 +43,10 @@ class RunConfig(BaseModel):
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0, description="max grad norm; 0 disables clipping")
-    grad_ckpt: bool = False
+    grad_ckpt: bool = Field(False, description="activation checkpointing: blocks keep only their input and run "
+                                               "their forward again in backward")
+    ckpt_every: int = Field(1, ge=1, le=1024, description="with grad_ckpt: checkpoint one block in N (1: every "
+                                                          "block, full; 2: every other block, selective)")
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
     compile: bool = False
     seed: int = Field(0, json_schema_extra=MEASUREMENT)
@@ -65,6 +68,9 @@ class RunConfig(BaseModel):
                            json_schema_extra=LAUNCH)
     telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) over the "
                                               "timed steps on GPUs", json_schema_extra=LAUNCH)
+    max_step_s: float | None = Field(None, gt=0, description="end the timed region after 3 steps when they take "
+                                                             "longer than this on average (tune drops clearly "
+                                                             "slower candidates)", json_schema_extra=MEASUREMENT)
     fault: str | None = Field(None, pattern=r"^(abort|hang|raise)@\d+$",
                               description="testing the harness only: abort@STEP, hang@STEP or raise@STEP")
 
@@ -98,6 +104,11 @@ class RunConfig(BaseModel):
         if self.rdzv_endpoint and not _is_endpoint(self.rdzv_endpoint):
             raise ValueError(f"rdzv_endpoint={self.rdzv_endpoint} must be HOST:PORT")
         return self
+
+    @property
+    def recompute_share(self) -> float:
+        """The share of blocks checkpointed (their forward runs twice): 0, 1, or 1/ckpt_every rounded up."""
+        return 1.0 / self.ckpt_every if self.grad_ckpt else 0.0
 
     @property
     def distributed(self) -> bool:

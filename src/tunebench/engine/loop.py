@@ -23,6 +23,7 @@ from tunebench.metrics.timer import StepTimer
 from tunebench.record import GpuTelemetry
 
 LAG = 2  # steps between queuing a loss and reading it back on GPUs
+CHECK_STEPS = 3  # timed steps after which a run slower than LoopSpec.max_step_s is abandoned
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class LoopSpec:
     warmup: int  # steps (from `start`) left out of the timed region
     start: int = 0  # steps already done (a resumed job)
     fault: str | None = None  # testing the harness: abort@STEP, hang@STEP or raise@STEP
+    max_step_s: float | None = None  # abandon after CHECK_STEPS timed steps slower than this on average
 
 
 @dataclass
@@ -43,6 +45,7 @@ class LoopResult:
     telemetry: GpuTelemetry | None = None  # NVML summary over the timed steps (GPU runs only)
     stopped: bool = False  # a stop was requested (a signal) and the loop ended at a step boundary
     done: int = 0  # steps completed, counted from the start of the job
+    abandoned: bool = False  # ended after CHECK_STEPS timed steps: slower than max_step_s
 
 
 class Hooks(Protocol):
@@ -125,6 +128,10 @@ def run_loop(step: Callable[[], torch.Tensor], spec: LoopSpec, device: torch.dev
             on_step(i, reader.last)
         if hooks and _between_steps(hooks, i + 1, reader, timer, result, spec.steps):
             break
+        if spec.max_step_s and i + 1 == spec.start + spec.warmup + CHECK_STEPS and _too_slow(timer, spec, ctx):
+            result.abandoned = True
+            reader.read(i)
+            break
     else:
         reader.read(spec.steps)
     if timer.started:
@@ -132,6 +139,14 @@ def run_loop(step: Callable[[], torch.Tensor], spec: LoopSpec, device: torch.dev
     if telemetry:
         result.telemetry = telemetry.stop()
     return result
+
+
+def _too_slow(timer: StepTimer, spec: LoopSpec, ctx: DistContext) -> bool:
+    """Every rank's verdict at once (one all-reduce), so all of them stop at the same step or none does."""
+    timer.pause()  # waits for the queued steps
+    slow = torch.tensor([1.0 if timer.elapsed() / CHECK_STEPS > spec.max_step_s else 0.0], device=timer.device)
+    timer.resume()
+    return float(ctx.mean(slow)) > 0
 
 
 def _between_steps(hooks: Hooks, done: int, reader: _Reader, timer: StepTimer, result: LoopResult,

@@ -4,8 +4,8 @@ Training where all weights get gradients: 6*N_matmul + 6*L*H*head_dim*S (PaLM ap
 torchtitan; the attention term is for causal attention, half of the full S x S product).
 LoRA / QLoRA: the frozen base gets no weight gradient, so its matmuls cost forward + input-gradient:
 4*N_frozen + 6*N_trainable + the same attention term.
-HFU also counts what is computed again: with activation checkpointing each block's forward
-(2*N_blocks + 2*L*H*head_dim*S), and, where the head cannot use the fused loss (a LoRA-wrapped
+HFU also counts what is computed again: with activation checkpointing each checkpointed block's forward
+(2*N_blocks + 2*L*H*head_dim*S, times the share of blocks checkpointed), and, where the head cannot use the fused loss (a LoRA-wrapped
 head), the chunked loss's second head forward (2*N_head).
 """
 
@@ -48,7 +48,9 @@ def _is_matmul(m: nn.Module) -> bool:
 
 
 def flops_per_token(model: nn.Module, head: nn.Module, num_layers: int, num_heads: int, head_dim: int,
-                    seq_len: int, grad_ckpt: bool, head_recompute: bool = False) -> FlopsPerToken:
+                    seq_len: int, recompute: float, head_recompute: bool = False) -> FlopsPerToken:
+    """`recompute`: the fraction of blocks whose forward runs again in backward (activation checkpointing:
+    1 for every block, 0.5 for every other one, 0 without)."""
     frozen = trainable = head_n = 0
     for m in model.modules():
         if not _is_matmul(m):
@@ -68,9 +70,10 @@ def flops_per_token(model: nn.Module, head: nn.Module, num_layers: int, num_head
         formula = (f"4*N_frozen + 6*N_trainable + 6*L*H*head_dim*S = 4*{frozen} + 6*{trainable} "
                    f"+ 6*{num_layers}*{num_heads}*{head_dim}*{seq_len}")
     hfu_flops = mfu_flops
-    if grad_ckpt:
-        hfu_flops += 2.0 * (frozen + trainable - head_n) + attn / 3
-        formula += "; HFU adds block recompute 2*N_blocks + 2*L*H*head_dim*S"
+    if recompute:
+        hfu_flops += recompute * (2.0 * (frozen + trainable - head_n) + attn / 3)
+        share = "" if recompute == 1 else f"{recompute:g} x "
+        formula += f"; HFU adds block recompute {share}(2*N_blocks + 2*L*H*head_dim*S)"
     if head_recompute:
         hfu_flops += 2.0 * head_n
         formula += "; HFU adds the chunked loss's head recompute 2*N_head"

@@ -92,9 +92,11 @@ def activations(w: Workload) -> Activations:
     if kernel == "math":
         block += _math_attention_extra(w)
     h = w.spec.hidden_size
-    kept = w.residual_bytes * h if w.cfg.grad_ckpt else block  # checkpointing keeps each block's input
+    share = w.checkpointed_share  # checkpointed blocks keep their input only
+    kept = share * w.residual_bytes * h + (1 - share) * block
     final_norm = (10 if w.residual_bytes == 4 else 8) * h
     outside = final_norm + w.compute_bytes * h  # the final norm, and the loss's gradient for the hidden states
     note = ("checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
-            if w.cfg.grad_ckpt else "every block keeps its activations until backward")
+            if share == 1 else "every block keeps its activations until backward" if share == 0 else
+            f"checkpointing one block in {w.cfg.ckpt_every}: those keep their input, the others everything")
     return Activations(block, kept, outside, kernel, note)

@@ -141,7 +141,7 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     temps = 2 * w.tokens * inner * w.compute_bytes
     if act.attention == "math":  # gradients of the S x S probabilities
         temps += 2 * w.cfg.batch_size * s.num_heads * w.cfg.seq_len ** 2 * w.compute_bytes
-    if w.cfg.grad_ckpt:
+    if w.checkpointed_share:
         temps += w.tokens * act.per_layer
     return temps
 

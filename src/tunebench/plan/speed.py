@@ -55,17 +55,18 @@ def matmul_efficiency(hidden: int, tokens: int) -> float:
 def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     s, c, cfg = w.spec, w.counts, w.cfg
     tokens = w.tokens * cfg.grad_accum
-    passes = 3 if cfg.grad_ckpt else 2  # passes over the weights: forward, backward, recompute
-    blocks = c.block_linears * (6 if w.full else 4) + (2 * c.block_linears if cfg.grad_ckpt else 0)
+    share = w.checkpointed_share
+    passes = 2 + share  # passes over the weights: forward, backward, recompute
+    blocks = c.block_linears * (6 if w.full else 4) + 2 * c.block_linears * share
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
-    adapters = w.lora_params * (8 if cfg.grad_ckpt else 6)
+    adapters = w.lora_params * (6 + 2 * share)
     gemm = (blocks + head) * tokens / (hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens))
     gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
     q = s.num_heads * s.head_dim
-    attention = 2 * cfg.seq_len * q * w.layers * (3.5 + (1 if cfg.grad_ckpt else 0)) * tokens
+    attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share) * tokens
     act = activations(w)
     # backward moves about twice the forward's bytes; a recompute adds one forward
-    traffic = 2 * (1 + (1 / 3 if cfg.grad_ckpt else 0))
+    traffic = 2 * (1 + share / 3)
     moved = ELEMENTWISE_BYTES_PER_SAVED[w.family, cfg.compile] * act.per_layer * w.layers * traffic * tokens
     moved += LOSS_BYTES_PER_LOGIT * tokens * s.vocab_size
     if cfg.method == "qlora":
@@ -76,7 +77,7 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
 
 
 def _host(w: Workload) -> float:
-    passes = 3 if w.cfg.grad_ckpt else 2
+    passes = 2 + w.checkpointed_share
     per_block = HOST_PER_BLOCK[w.strategy.name] + len(w.targets) * HOST_PER_ADAPTER * passes
     return w.cfg.grad_accum * w.layers * per_block
 

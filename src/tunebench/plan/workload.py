@@ -49,6 +49,13 @@ class Workload:
         return self.cfg.method == "full"
 
     @property
+    def checkpointed_share(self) -> float:
+        """Blocks whose forward runs again in backward (runner.checkpoint_every: blocks 0, N, 2N, ...)."""
+        if not self.cfg.grad_ckpt:
+            return 0.0
+        return -(-self.layers // self.cfg.ckpt_every) / self.layers
+
+    @property
     def lora_params(self) -> int:
         r = self.cfg.lora_rank
         return self.layers * sum(r * (t.fan_in + t.fan_out) for t in self.targets)
