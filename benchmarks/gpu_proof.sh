@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu_proof.sh train1    # issue 13: stdlib corpus from scratch; Mistral-7B QLoRA train vs run
 #   bash benchmarks/gpu_proof.sh train2    # issue 13: an FSDP2 job on 2 GPUs, stopped by SIGTERM, resumed
 #   bash benchmarks/gpu_proof.sh probe     # issue 16: memory by phase and kernel time by kind (the planner's truth)
+#   bash benchmarks/gpu_proof.sh tune1     # issue 16: FSDP2+ckpt on one GPU, plan and tune Mistral-7B QLoRA
+#   bash benchmarks/gpu_proof.sh tune4     # issue 16: tune the strategy of TinyGPT on 4 GPUs
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -131,6 +133,22 @@ probe)
     "$L batch_size=8 strategy=fsdp compile=true" "$L batch_size=8 method=lora" "$L batch_size=8 strategy=zero2" \
     "$M batch_size=4 grad_ckpt=true" "$M batch_size=2" "model=mistral-7b method=lora seq_len=1024 batch_size=4 grad_ckpt=true" \
     2>&1 | grep -v "^\[" | cut -c 1-400
+  ;;
+tune1)
+  # issue 16: FSDP2 + checkpointing on one GPU (the recompute cast), the plan, then the seeds' journey tuned
+  export CUDA_VISIBLE_DEVICES=0
+  tb run --model llama-3.2-1b --strategy fsdp --nproc-per-node 1 --grad-ckpt --seq-len 1024 --batch-size 8 \
+    --steps 6 --warmup 2 --tag gpu-proof-fsdp-ckpt 2>&1 | grep -v "step [0-9]*/"
+  Q="--model mistral-7b --method qlora --seq-len 1024 --batch-size 4 --grad-ckpt --optimizer paged_adamw_8bit"
+  tb plan $Q
+  tb tune $Q --seq-lens 512,1024 --max-runs 10 --max-minutes 6 --out "$OUT/tune-mistral" --json \
+    > "$OUT/tune-mistral.json"
+  ;;
+tune4)
+  # issue 16: the strategy choice on 4 GPUs, global batch 16 held (the seeds' batch 1 x accumulation 4 per GPU)
+  tb tune --model tinygpt-124m --strategy ddp --nproc-per-node 4 --batch-size 1 --grad-accum 4 --seq-len 2048 \
+    --optimizer adamw_fused --gpus 4 --global-batch 16 --max-runs 10 --max-minutes 5 --out "$OUT/tune-tinygpt" \
+    --json > "$OUT/tune-tinygpt.json"
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

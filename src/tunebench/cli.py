@@ -41,6 +41,33 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-store", action="store_true", help="use the spec sheet, not the store's hw measurements")
     _store_arg(pl)
 
+    tu = sub.add_parser("tune", help="find the best configuration with few short runs: the planner ranks, real "
+                                     "runs decide; writes best.yaml (for run and train) and the Pareto front")
+    tu.add_argument("config", nargs="?", help="YAML run config (the baseline); flags override its keys")
+    add_config_flags(tu)
+    tu.add_argument("--objective", default="throughput", help="throughput (tokens/s), cost ($ per 1M tokens, from "
+                                                               "the price sheet) or memory (peak per GPU)")
+    tu.add_argument("--max-runs", type=int, help="at most this many runs, the baseline included (default 12; with "
+                                                 "--resume: raises the stored budget)")
+    tu.add_argument("--max-minutes", type=float, help="stop starting runs after this many minutes (default 60; with "
+                                                      "--resume: raises the stored budget)")
+    tu.add_argument("--global-batch", type=int, help="hold samples per optimizer step: accumulation follows the "
+                                                     "micro-batch and GPUs")
+    tu.add_argument("--seq-lens", help="also try these sequence lengths (changes the workload), e.g. 512,1024")
+    tu.add_argument("--gpus", help="world sizes to try, e.g. 1,2,4 (default the config's)")
+    tu.add_argument("--strategies", help="strategies to try (default every one that accepts the method)")
+    tu.add_argument("--optimizers", help="optimizers to try (default the config's and adamw_fused)")
+    tu.add_argument("--fixed", help="levers to keep as the config has them: any of strategy, checkpointing, "
+                                    "compile, optimizer, batch (comma-separated)")
+    tu.add_argument("--trial-warmup", type=int, default=3, help="untimed steps per candidate (3)")
+    tu.add_argument("--trial-steps", type=int, default=8, help="timed steps per candidate (8)")
+    tu.add_argument("--prices", help="price sheet YAML replacing the shipped one (objective cost, $ on the front)")
+    tu.add_argument("--resume", metavar="TUNE_ID", help="continue a tune (its settings and budget as stored)")
+    tu.add_argument("--out", help="folder for best.yaml, pareto.png, tune.json (default ./tunebench-tune)")
+    tu.add_argument("--json", action="store_true", help="print the tune's summary as JSON")
+    tu.add_argument("--no-store", action="store_true", help=argparse.SUPPRESS)
+    _store_arg(tu)
+
     sw = sub.add_parser("sweep", help="run a suite of configurations, each in its own process, resumably")
     sw.add_argument("suite", nargs="?", help="suite YAML file or built-in name (quick, full, diagnostic, scaling, "
                                              "seed-qlora)")
@@ -172,13 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command(name: str):
     """The handler of a subcommand, imported only when it runs (keeps `--help` and bad input fast)."""
-    from tunebench.commands import bench, deploy, plan, results, run, sweep, train
+    from tunebench.commands import bench, deploy, plan, results, run, sweep, train, tune
 
     return {"hw": bench.cmd_hw, "load": bench.cmd_load, "infer": bench.cmd_infer, "run": run.cmd_run,
             "quick": run.cmd_quick, "sweep": sweep.cmd_sweep, "consistency": sweep.cmd_consistency,
             "results": results.cmd_results, "report": results.cmd_report, "cost": results.cmd_cost,
             "compare": results.cmd_compare, "deploy": deploy.cmd_deploy, "collect": deploy.cmd_collect,
-            "train": train.cmd_train, "plan": plan.cmd_plan}[name]
+            "train": train.cmd_train, "plan": plan.cmd_plan, "tune": tune.cmd_tune}[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -158,8 +158,9 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
             block.compile()
     out.params_total, out.params_trainable = count_params(model)
     # Counted before the strategy shards anything (ZeRO-3 leaves empty partitions behind).
+    fused = strategy.fused_head and is_fusable(head)
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
-                                checkpointed_share(blocks), head_recompute=not (strategy.fused_head and is_fusable(head)))
+                                checkpointed_share(blocks), head_recompute=not fused)
     module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size))
 

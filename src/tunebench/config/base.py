@@ -28,17 +28,24 @@ def fields_with_role(cls: type[BaseModel], *roles: str) -> set[str]:
     return {n for n, f in cls.model_fields.items() if (f.json_schema_extra or {}).get("role") in roles}
 
 
+# Fields added after configs were first stored leave the hash unchanged at their default, so stored sweeps
+# still resume and compare: json_schema_extra={"since": ...} (with a role where one applies).
+LATER = {"since": "0.2"}
+
+
 def identity(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
-    """The part of a config (as a dict) that says what the workload is: launch fields removed."""
+    """The part of a config (as a dict) that says what the workload is: launch fields removed, later fields
+    left out where they hold their default."""
     launch = fields_with_role(cls, "launch")
-    return {k: v for k, v in data.items() if k not in launch}
+    later = {n: f.default for n, f in cls.model_fields.items() if "since" in (f.json_schema_extra or {})}
+    return {k: v for k, v in data.items() if k not in launch and not (k in later and v == later[k])}
 
 
 def workload_key(cls: type[BaseModel], data: dict[str, Any]) -> str:
     """The workload without how it was measured (steps, seed, device) or launched: a benchmark and a training
     job of the same configuration share it."""
     skip = fields_with_role(cls, "launch", "measurement")
-    return config_hash({k: v for k, v in data.items() if k in cls.model_fields and k not in skip})
+    return config_hash({k: v for k, v in identity(cls, data).items() if k in cls.model_fields and k not in skip})
 
 
 def not_levers(cls: type[BaseModel]) -> set[str]:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tunebench.config.base import LAUNCH, MEASUREMENT, config_hash, identity
+from tunebench.config.base import LATER, LAUNCH, MEASUREMENT, config_hash, identity
 
 Method = Literal["full", "lora", "qlora"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
@@ -46,7 +46,8 @@ class RunConfig(BaseModel):
     grad_ckpt: bool = Field(False, description="activation checkpointing: blocks keep only their input and run "
                                                "their forward again in backward")
     ckpt_every: int = Field(1, ge=1, le=1024, description="with grad_ckpt: checkpoint one block in N (1: every "
-                                                          "block, full; 2: every other block, selective)")
+                                                          "block, full; 2: every other block, selective)",
+                            json_schema_extra=LATER)
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
     compile: bool = False
     seed: int = Field(0, json_schema_extra=MEASUREMENT)
@@ -70,7 +71,8 @@ class RunConfig(BaseModel):
                                               "timed steps on GPUs", json_schema_extra=LAUNCH)
     max_step_s: float | None = Field(None, gt=0, description="end the timed region after 3 steps when they take "
                                                              "longer than this on average (tune drops clearly "
-                                                             "slower candidates)", json_schema_extra=MEASUREMENT)
+                                                             "slower candidates)",
+                                      json_schema_extra=MEASUREMENT | LATER)
     fault: str | None = Field(None, pattern=r"^(abort|hang|raise)@\d+$",
                               description="testing the harness only: abort@STEP, hang@STEP or raise@STEP")
 

@@ -5,8 +5,8 @@ torchtitan; the attention term is for causal attention, half of the full S x S p
 LoRA / QLoRA: the frozen base gets no weight gradient, so its matmuls cost forward + input-gradient:
 4*N_frozen + 6*N_trainable + the same attention term.
 HFU also counts what is computed again: with activation checkpointing each checkpointed block's forward
-(2*N_blocks + 2*L*H*head_dim*S, times the share of blocks checkpointed), and, where the head cannot use the fused loss (a LoRA-wrapped
-head), the chunked loss's second head forward (2*N_head).
+(2*N_blocks + 2*L*H*head_dim*S, times the share of blocks checkpointed), and, where the head cannot use
+the fused loss (a LoRA-wrapped head), the chunked loss's second head forward (2*N_head).
 """
 
 from __future__ import annotations

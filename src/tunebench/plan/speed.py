@@ -49,7 +49,7 @@ class StepTime:
 
 def matmul_efficiency(hidden: int, tokens: int) -> float:
     """Fraction of the matmul ceiling the model's GEMMs reach: narrow layers and short micro-batches fall below it."""
-    return 0.93 / (1 + (880 / hidden) ** 5) * tokens / (tokens + 600)
+    return max(0.05, 0.93 / (1 + (880 / hidden) ** 5)) * tokens / (tokens + 600)
 
 
 def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:

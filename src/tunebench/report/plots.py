@@ -196,3 +196,25 @@ def loss_curves(jobs: list[ResultRecord], out: Path, names: dict) -> Path | None
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return _save(fig, out / "loss_curves.png")
+
+
+def pareto(points: list[tuple], front: set[str], out: Path, title: str) -> Path | None:
+    """Tokens/s against peak memory per GPU for every measured candidate; the Pareto front named and joined.
+    `points`: (tune.Point, name) pairs."""
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 6))
+    rest = [(p, n) for p, n in points if p.key not in front]
+    best = sorted([(p, n) for p, n in points if p.key in front], key=lambda t: t[0].memory)
+    ax.scatter([p.memory / GIB for p, _ in rest], [p.tokens_per_s for p, _ in rest], color="#999", label="measured")
+    ax.plot([p.memory / GIB for p, _ in best], [p.tokens_per_s for p, _ in best], "o-", color="#c23b3b",
+            label="Pareto front")
+    for p, name in best:
+        cost = f", ${p.cost:.3f}/1M" if p.cost is not None else ""
+        ax.annotate(f"{name}{cost}", (p.memory / GIB, p.tokens_per_s), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points")
+    ax.set_xlabel("peak memory per GPU (GiB, allocated)")
+    ax.set_ylabel("tokens/s (global)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, out / "pareto.png")

@@ -22,8 +22,12 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
                world_size: int) -> TrainStep:
     mesh = init_device_mesh(device.type, (world_size,))
     mp = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=torch.float32)
+    # Blocks take their inputs as they come (bf16 from the bf16 root): under Hugging Face's checkpointing
+    # FSDP's hook runs inside the checkpointed call, and before torch 2.13 it skipped the input cast when
+    # recomputing, so a cast in forward only made the recompute's dtypes differ (CheckpointError on GPU).
+    block_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(block, mesh=mesh, mp_policy=block_mp)
     fully_shard(module, mesh=mesh, mp_policy=mp)  # the root: embeddings, final norm, head
 
     @contextlib.contextmanager

@@ -1,0 +1,188 @@
+"""The search: the planner ranks every candidate, measurements correct it, real OOMs bound the batches.
+
+Each round picks the unmeasured candidate with the best *corrected* prediction: the planner's figure
+times the median measured/predicted ratio of the runs so far (so a planner that is 10% optimistic on
+this machine stops misleading the ranking after one run). Candidates are skipped when
+
+  - they cannot fit: the planner says so, shifted by what the same structure measured at a smaller
+    batch (its measured - predicted memory), or a smaller batch of the same structure ran out of memory
+  - they are clearly worse: corrected prediction below `prune` x the best measured objective
+
+A run is abandoned after 3 timed steps when it is slower than the best so far by more than `abandon`
+(RunConfig.max_step_s), so a bad candidate costs its setup and a few steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tunebench.config import RunConfig, workload_key
+from tunebench.plan import Prediction
+from tunebench.record import ResultRecord
+from tunebench.tune.space import Space, batches, structures, with_batch, world_of
+
+OBJECTIVES = ("throughput", "cost", "memory")
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str  # throughput | cost | memory
+    price_per_gpu_hour: float | None = None  # cost: the offering's on-demand price
+
+    def of(self, tokens_per_s: float | None, memory: float | None, world: int) -> float | None:
+        """Higher is better: tokens/s, minus $ per 1M tokens, minus peak memory per GPU."""
+        if self.name == "throughput":
+            return tokens_per_s or None
+        if self.name == "cost":
+            return -self.price_per_gpu_hour * world / (tokens_per_s * 3600) * 1e6 if tokens_per_s else None
+        return -memory if memory else None
+
+    def describe(self, value: float) -> str:
+        if self.name == "throughput":
+            return f"{value:,.0f} tokens/s"
+        if self.name == "cost":
+            return f"${-value:.3f} per 1M tokens"
+        return f"{-value / 2**30:.2f} GiB peak per GPU"
+
+
+@dataclass
+class Candidate:
+    cfg: RunConfig
+    structure: int  # index of its structure
+    prediction: Prediction | None
+    record: ResultRecord | None = None
+    skipped: str | None = None  # why it was not measured
+    refused: bool = False  # this machine cannot run it (a package or GPUs missing): never tried again
+
+    @property
+    def world(self) -> int:
+        return world_of(self.cfg)
+
+
+@dataclass
+class Tuner:
+    base: RunConfig
+    space: Space
+    objective: Objective
+    predict: Callable[[RunConfig], Prediction | None]
+    capacity: float | None  # bytes one GPU can hold (None: unknown, only real OOMs bound the batch)
+    prune: float = 0.7
+    abandon: float = 0.2
+    candidates: list[Candidate] = field(default_factory=list)
+    oom_at: dict[int, int] = field(default_factory=dict)  # structure -> smallest batch that ran out of memory
+
+    def __post_init__(self) -> None:
+        for s, structure in enumerate(structures(self.base, self.space)):
+            for b in batches(self.space):
+                cfg = with_batch(structure, b, self.space)
+                if cfg is not None:
+                    self.candidates.append(Candidate(cfg, s, self.predict(cfg)))
+
+    # ---- what was measured
+    def observe(self, cfg: RunConfig, rec: ResultRecord) -> None:
+        c = self._find(cfg)
+        if c is None:  # the baseline, or a run outside the grid: still informs the ratio and the best
+            c = Candidate(cfg, -1, self.predict(cfg))
+            self.candidates.append(c)
+        c.record = rec
+        if rec.status == "oom" and c.structure >= 0:
+            b = cfg.batch_size
+            self.oom_at[c.structure] = min(b, self.oom_at.get(c.structure, b))
+
+    def refuse(self, c: Candidate, why: str) -> None:
+        if c not in self.candidates:
+            self.candidates.append(c)
+        c.refused, c.skipped = True, why
+
+    def _find(self, cfg: RunConfig) -> Candidate | None:
+        k = key(cfg)
+        return next((c for c in self.candidates if key(c.cfg) == k), None)
+
+    @property
+    def measured(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.record is not None]
+
+    def value(self, c: Candidate) -> float | None:
+        """The objective of a measured candidate (None unless it ran ok)."""
+        r = c.record
+        if r is None or r.status != "ok":
+            return None
+        memory = r.metrics.peak_mem_allocated_bytes or r.metrics.peak_rss_bytes  # RSS on the CPU
+        return self.objective.of(r.metrics.tokens_per_s, memory, c.world)
+
+    def best(self) -> Candidate | None:
+        ok = [c for c in self.measured if self.value(c) is not None]
+        return max(ok, key=self.value) if ok else None
+
+    # ---- what to measure next
+    def _ratio(self) -> float:
+        """Median measured / predicted throughput so far (1 before any run)."""
+        ratios = [c.record.metrics.tokens_per_s / c.prediction.tokens_per_s for c in self.measured
+                  if c.prediction and c.record.status == "ok" and c.record.metrics.tokens_per_s]
+        return statistics.median(ratios) if ratios else 1.0
+
+    def predicted_value(self, c: Candidate) -> float | None:
+        p = c.prediction
+        if p is None:
+            return None
+        return self.objective.of(p.tokens_per_s * self._ratio(), p.mem.peak_allocated, c.world)
+
+    def _memory_offset(self, c: Candidate) -> float:
+        """Measured - predicted peak of the same structure at its largest measured ok batch (0 if none)."""
+        runs = [m for m in self.measured if m.structure == c.structure and m.prediction and m.record.status == "ok"
+                and m.record.metrics.peak_mem_allocated_bytes]
+        if not runs:
+            return 0.0
+        m = max(runs, key=lambda m: m.cfg.batch_size)
+        return m.record.metrics.peak_mem_allocated_bytes - m.prediction.mem.peak_allocated
+
+    def fits(self, c: Candidate) -> bool:
+        if c.structure in self.oom_at and c.cfg.batch_size >= self.oom_at[c.structure]:
+            return False
+        if self.capacity is None or c.prediction is None:
+            return True
+        m = c.prediction.mem
+        return m.total + self._memory_offset(c) <= self.capacity
+
+    def next(self) -> Candidate | None:
+        best = self.best()
+        floor = None if best is None else self.value(best)
+        ranked = []
+        for c in self.candidates:
+            if c.record is not None or c.refused:
+                continue
+            if not self.fits(c):
+                c.skipped = "does not fit"
+                continue
+            v = self.predicted_value(c)
+            if floor is not None and v is not None and _worse(v, floor, self.prune):
+                c.skipped = "predicted clearly worse than the best measured"
+                continue
+            c.skipped = None
+            ranked.append((v if v is not None else float("-inf"), -c.cfg.batch_size, c))
+        if not ranked:
+            return None
+        return max(ranked, key=lambda t: (t[0], t[1]))[2]
+
+    def max_step_s(self, c: Candidate) -> float | None:
+        """A step time beyond which `c` is clearly worse than the best so far (throughput and cost only)."""
+        best = self.best()
+        if best is None or self.objective.name == "memory":
+            return None
+        tokens = c.cfg.batch_size * c.cfg.seq_len * c.cfg.grad_accum * c.world
+        best_tps = best.record.metrics.tokens_per_s
+        if self.objective.name == "cost":  # same $ per token: tokens/s in proportion to the GPUs paid for
+            best_tps *= c.world / best.world
+        return tokens / (best_tps * (1 - self.abandon))
+
+
+def key(cfg: RunConfig) -> str:
+    """A candidate's identity: the workload, not how briefly it was measured (steps, max_step_s)."""
+    return workload_key(RunConfig, cfg.model_dump())
+
+
+def _worse(value: float, floor: float, prune: float) -> bool:
+    """`value` is clearly worse than `floor` (both higher-is-better; negative for cost and memory)."""
+    return value < floor * prune if floor > 0 else value < floor / prune

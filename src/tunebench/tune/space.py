@@ -1,0 +1,117 @@
+"""What `tunebench tune` may change, and every configuration that results.
+
+A *structure* fixes everything but the micro-batch: strategy and world size, checkpointing (none,
+every other block, every block), compile, optimizer, and the sequence length when the user lets it
+change (it changes the workload). Micro-batches are powers of two; with a global batch held, the
+gradient accumulation follows (batch x accumulation x GPUs = global batch) and batches that do not
+divide it are left out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from tunebench.config import BNB_OPTIMIZERS, RunConfig
+from tunebench.errors import UserError
+from tunebench.strategies import STRATEGIES
+
+CHECKPOINTING = ((False, 1), (True, 2), (True, 1))  # none, selective (every other block), full
+LEVERS = ("strategy", "checkpointing", "compile", "optimizer", "batch")  # what --fixed can hold
+MAX_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class Space:
+    worlds: tuple[int, ...] = (1,)
+    strategies: tuple[str, ...] = ()  # empty: every strategy that accepts the method
+    optimizers: tuple[str, ...] = ()  # empty: the config's own and adamw_fused
+    seq_lens: tuple[int, ...] = ()  # empty: the config's own (the workload stays as given)
+    compile: tuple[bool, ...] = (False, True)
+    checkpointing: tuple[tuple[bool, int], ...] = CHECKPOINTING
+    batches: tuple[int, ...] = ()  # empty: powers of two up to max_batch
+    global_batch: int | None = None  # samples per optimizer step, held across candidates
+    max_batch: int = MAX_BATCH
+    deepspeed_available: bool = True
+    notes: list[str] = field(default_factory=list, compare=False)
+
+    def as_dict(self) -> dict:
+        return {"worlds": list(self.worlds), "strategies": list(self.strategies), "optimizers": list(self.optimizers),
+                "seq_lens": list(self.seq_lens), "compile": list(self.compile),
+                "checkpointing": [list(c) for c in self.checkpointing], "batches": list(self.batches),
+                "global_batch": self.global_batch, "max_batch": self.max_batch}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Space:
+        return cls(tuple(d["worlds"]), tuple(d["strategies"]), tuple(d["optimizers"]), tuple(d["seq_lens"]),
+                   tuple(d["compile"]), tuple(tuple(c) for c in d["checkpointing"]), tuple(d["batches"]),
+                   d["global_batch"], d["max_batch"])
+
+
+def _strategies(base: RunConfig, space: Space, world: int) -> list[str]:
+    names = space.strategies or tuple(STRATEGIES)
+    out = []
+    for name in names:
+        s = STRATEGIES[name]
+        if cfg_refused(s, base, world) or (s.deepspeed and not space.deepspeed_available):
+            continue
+        out.append(name)
+    return out
+
+
+def cfg_refused(strategy, base: RunConfig, world: int) -> bool:
+    try:
+        strategy.check(base.model_copy(update={"optimizer": "adamw"}), world, packages=False)
+    except UserError:
+        return True
+    return False
+
+
+def _optimizers(base: RunConfig, space: Space, strategy: str) -> list[str]:
+    names = space.optimizers or tuple(dict.fromkeys((base.optimizer, "adamw_fused")))
+    if STRATEGIES[strategy].deepspeed:  # DeepSpeed shards the optimizer itself
+        names = tuple(n for n in names if n not in BNB_OPTIMIZERS)
+    return list(names)
+
+
+def structures(base: RunConfig, space: Space) -> list[RunConfig]:
+    """Every combination of the levers other than the micro-batch, as configs (batch and accumulation as given)."""
+    out = []
+    seq_lens = space.seq_lens or (base.seq_len,)
+    for world in space.worlds:
+        for strategy in _strategies(base, space, world):
+            if (strategy == "single") != (world == 1) and not space.strategies:
+                continue  # one GPU runs single; sharding or replicating over one GPU only adds overhead
+            if strategy == "single" and world > 1:
+                continue
+            for opt, seq, comp, (ckpt, every) in itertools.product(_optimizers(base, space, strategy), seq_lens,
+                                                                  space.compile, space.checkpointing):
+                out.append(base.model_copy(update={
+                    "strategy": strategy, "nproc_per_node": None if strategy == "single" else world // base.nnodes,
+                    "optimizer": opt, "seq_len": seq, "compile": comp, "grad_ckpt": ckpt, "ckpt_every": every}))
+    if not out:
+        raise UserError("nothing to tune: no strategy accepts this configuration at the world sizes asked")
+    return out
+
+
+def world_of(cfg: RunConfig) -> int:
+    return (cfg.nproc_per_node or 1) * cfg.nnodes
+
+
+def with_batch(structure: RunConfig, batch: int, space: Space) -> RunConfig | None:
+    """The structure at this micro-batch (and the accumulation that holds the global batch), or None."""
+    accum = structure.grad_accum
+    if space.global_batch:
+        per_step = batch * world_of(structure)
+        if space.global_batch % per_step:
+            return None
+        accum = space.global_batch // per_step
+    return structure.model_copy(update={"batch_size": batch, "grad_accum": accum})
+
+
+def batches(space: Space) -> list[int]:
+    """Candidate micro-batches: powers of two up to the limit (and to the global batch when one is held)."""
+    if space.batches:
+        return list(space.batches)
+    top = min(space.max_batch, space.global_batch or space.max_batch)
+    return [1 << k for k in range(top.bit_length()) if (1 << k) <= top]
