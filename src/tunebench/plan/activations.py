@@ -14,7 +14,8 @@ Under autocast with bf16 weights (FSDP2, LoRA bases) 4h more were measured; with
 (single, DDP) the residual is fp32 and every linear casts its own bf16 copy of the input: 28h.
 GPT-2 block under autocast: LayerNorm inputs, the fused qkv (6h), dropout masks (1 byte each), and
 NewGELU written out in Python, whose pow/tanh run in fp32 under autocast (14 x inner bytes).
-torch.compile keeps what its min-cut partitioner chooses: measured, 16h + 4i (+ attention) on Llama.
+torch.compile keeps what its min-cut partitioner chooses: measured, 12h + 4i (+ attention) on Llama with
+bf16 weights, 4h more with LoRA/QLoRA adapters.
 LoRA (peft) casts each adapter's input to fp32 and back, so every targeted linear keeps another bf16
 copy of its input (2 x fan_in) and its rank-r output; under QLoRA peft skips the cast.
 """
@@ -48,9 +49,9 @@ def _llama_block(w: Workload) -> float:
     attention = 2 * q + 4 * kv + 2 * q + 4 * heads  # flash: q, k, v, output, logsumexp
     if w.fp32:  # RMSNorm's cast is a no-op: its input, normalized value and output, 4 bytes each
         return 24 * h + 16 * i + 2 * (attention - 4 * heads) + 4 * heads
-    if w.cfg.compile:
+    if w.cfg.compile:  # measured: adapters keep 4h more (peft's and bitsandbytes' calls split the graph)
         norms = 12 * h if w.residual_bytes == 2 else 16 * h
-        return norms + attention + 4 * i
+        return norms + attention + 4 * i + (0 if w.full else 4 * h)
     if not w.autocast:
         return 16 * h + attention + 8 * i
     norms = 20 * h if w.residual_bytes == 2 else 24 * h

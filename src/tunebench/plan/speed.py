@@ -4,8 +4,8 @@
                ceiling, scaled down for narrow models and short micro-batches (measured: 31% of MAMF at
                hidden 768, 95% at 2048; 20% less again with 2048 tokens than with 16384)
   attention    causal flash attention, forward + backward (2.5x), at 45% of the dense peak
-  elementwise  memory-bound kernels: 6.5-10.7 bytes moved per byte an op keeps for backward (measured per
-               architecture on an H200), the loss's fp32 logits, QLoRA's dequantization
+  elementwise  memory-bound kernels: 8.6-10.5 bytes moved per byte an op keeps for backward, 5.8-6.5 compiled
+               (measured per architecture on an H200), the loss's fp32 logits, QLoRA's dequantization
   optimizer    ~118 bytes moved per trained parameter (AdamW with clipping: measured, fused or foreach)
   host         Python per block and micro-batch (hooks of FSDP2 and ZeRO-3, peft and bitsandbytes calls):
                the step takes the longer of the GPU's work and the host's, and a little of the shorter
@@ -25,7 +25,7 @@ from tunebench.plan.workload import Workload
 
 ATTENTION_OF_PEAK = 0.45
 ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 6.5, ("llama", False): 10.5,
-                               ("llama", True): 10.7}  # (architecture, compiled)
+                               ("llama", True): 5.8}  # (architecture, compiled)
 LOSS_BYTES_PER_LOGIT = 30
 OPTIMIZER_BYTES = {"adamw": 118, "adamw_fused": 118, "adamw_8bit": 50, "paged_adamw_8bit": 50}
 # Host seconds per block per micro-batch, and per adapted linear per pass (measured on the H200 host)

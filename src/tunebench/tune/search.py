@@ -149,6 +149,7 @@ class Tuner:
     def next(self) -> Candidate | None:
         best = self.best()
         floor = None if best is None else self.value(best)
+        tried = {_twin(c.cfg) for c in self.measured}
         ranked = []
         for c in self.candidates:
             if c.record is not None or c.refused:
@@ -161,10 +162,12 @@ class Tuner:
                 c.skipped = "predicted clearly worse than the best measured"
                 continue
             c.skipped = None
-            ranked.append((v if v is not None else float("-inf"), -c.cfg.batch_size, c))
+            # a candidate that differs from a measured one only in its optimizer comes after every new option
+            fresh = _twin(c.cfg) not in tried
+            ranked.append((fresh, v if v is not None else float("-inf"), c.cfg.batch_size, c))
         if not ranked:
             return None
-        return max(ranked, key=lambda t: (t[0], t[1]))[2]
+        return max(ranked, key=lambda t: t[:3])[3]
 
     def max_step_s(self, c: Candidate) -> float | None:
         """A step time beyond which `c` is clearly worse than the best so far (throughput and cost only)."""
@@ -176,6 +179,11 @@ class Tuner:
         if self.objective.name == "cost":  # same $ per token: tokens/s in proportion to the GPUs paid for
             best_tps *= c.world / best.world
         return tokens / (best_tps * (1 - self.abandon))
+
+
+def _twin(cfg: RunConfig) -> str:
+    """The candidate with its optimizer left out (the planner can barely tell optimizers apart)."""
+    return key(cfg.model_copy(update={"optimizer": "adamw"}))
 
 
 def key(cfg: RunConfig) -> str:
