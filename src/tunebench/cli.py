@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--optimizers", help="optimizers to try (default the config's and adamw_fused)")
     tu.add_argument("--fixed", help="levers to keep as the config has them: any of strategy, checkpointing, "
                                     "compile, optimizer, batch (comma-separated)")
-    tu.add_argument("--trial-warmup", type=int, default=3, help="untimed steps per candidate (3)")
+    tu.add_argument("--trial-warmup", type=int, default=5, help="untimed steps per candidate (5)")
     tu.add_argument("--trial-steps", type=int, default=8, help="timed steps per candidate (8)")
     tu.add_argument("--prices", help="price sheet YAML replacing the shipped one (objective cost, $ on the front)")
     tu.add_argument("--resume", metavar="TUNE_ID", help="continue a tune (its settings and budget as stored)")

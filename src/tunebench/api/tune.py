@@ -29,7 +29,7 @@ from tunebench.record import ResultRecord
 from tunebench.store import Store, check_store
 from tunebench.tune import Candidate, Objective, Point, Space, Tuner, front
 from tunebench.tune.search import key
-from tunebench.tune.space import world_of
+from tunebench.tune.space import describe, world_of
 
 PLAN_FOR_CPU = "H100-80GB"  # on a machine without a GPU, candidates are ranked by this GPU's model
 
@@ -41,7 +41,7 @@ class Settings:
     max_runs: int = 12
     max_minutes: float = 60.0
     space: Space = field(default_factory=Space)
-    warmup: int = 3  # steps before the timed ones, per candidate (compilation happens here)
+    warmup: int = 5  # steps before the timed ones, per candidate (compilation and allocator warm-up)
     timed: int = 8  # timed steps per candidate
     run_timeout: float = 900.0  # seconds one candidate may take
     prices: str | None = None
@@ -135,10 +135,7 @@ def _definition(tune_id: str, s: Settings, tuner: Tuner, seconds: float, gpu: st
 
 
 def _name(c: Candidate) -> str:
-    f = c.cfg
-    ckpt = "no ckpt" if not f.grad_ckpt else ("ckpt" if f.ckpt_every == 1 else f"ckpt 1/{f.ckpt_every}")
-    return (f"{f.strategy} x{c.world} b{f.batch_size}x{f.grad_accum} s{f.seq_len} {ckpt}"
-            f"{' compile' if f.compile else ''} {f.optimizer}")
+    return describe(c.cfg)
 
 
 def _resume(store: str | Path, tune_id: str) -> tuple[Settings, float, list[ResultRecord]]:
@@ -157,12 +154,12 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
     """Tune `settings.base` on this machine (or resume the tune `resume`, its budget replaced by `budget`'s
     max_runs / max_minutes where given), storing every run under one id."""
     say = on_event or (lambda line: None)
-    check_store(store)
     done: list[ResultRecord] = []
     used = 0.0
     if resume:
         settings, used, done = _resume(store, resume)
         settings = replace(settings, **(budget or {}))
+    check_store(store)
     assert settings is not None
     check_settings(settings)
     gpu, gpu_name = _machine_gpu()
@@ -181,21 +178,24 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
                                                                           else ""))
     baseline = key(settings.base)
     started = time.monotonic() - used
+    durations: list[float] = []
     with sweep_lock(store, tune_id):
         _save_definition(store, tune_id, settings, tuner, used, gpu_name)
         while len(tuner.measured) < settings.max_runs:
             left = settings.max_minutes * 60 - (time.monotonic() - started)
-            if left <= 0:
-                say("tune: the time budget is spent")
+            if left <= 0 or (durations and left < 0.8 * sorted(durations)[len(durations) // 2]):
+                say("tune: the time budget is spent (or too little is left for another run)")
                 break
             measured = {key(c.cfg) for c in tuner.measured}
             c = Candidate(settings.base, -1, tuner.predict(settings.base)) if baseline not in measured else tuner.next()
             if c is None:
                 say("tune: every candidate left is measured, refused, predicted not to fit, or clearly worse")
                 break
+            t0 = time.monotonic()
             rec = _measure(c, tuner, settings, store, tune_id, min(left, settings.run_timeout), say)
             if rec is None:
                 continue
+            durations.append(time.monotonic() - t0)
             tuner.observe(c.cfg, rec)
             used = time.monotonic() - started
             _save_definition(store, tune_id, settings, tuner, used, gpu_name)
@@ -271,7 +271,8 @@ def write_outputs(result: TuneResult, out: Path) -> dict[str, Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     best = best_config(result)
-    fields = {k: v for k, v in best.model_dump().items() if v != RunConfig.model_fields[k].default or k == "model"}
+    defaults = RunConfig().model_dump()
+    fields = {k: v for k, v in best.model_dump().items() if v != defaults[k] or k == "model"}
     files = {"best": write_text(out / "best.yaml", "# tunebench tune " + result.id + ": the best configuration "
                                 f"({result.settings.objective})\n" + yaml.safe_dump(fields, sort_keys=False))}
     points = [(p, _name(c)) for p, c in _points(result.tuner)]

@@ -209,10 +209,12 @@ def pareto(points: list[tuple], front: set[str], out: Path, title: str) -> Path 
     ax.scatter([p.memory / GIB for p, _ in rest], [p.tokens_per_s for p, _ in rest], color="#999", label="measured")
     ax.plot([p.memory / GIB for p, _ in best], [p.tokens_per_s for p, _ in best], "o-", color="#c23b3b",
             label="Pareto front")
+    middle = sum(p.memory for p, _ in points) / len(points) / GIB
     for p, name in best:
         cost = f", ${p.cost:.3f}/1M" if p.cost is not None else ""
-        ax.annotate(f"{name}{cost}", (p.memory / GIB, p.tokens_per_s), fontsize=7, xytext=(4, 4),
-                    textcoords="offset points")
+        right = p.memory / GIB > middle  # labels on the right half read leftwards, inside the axes
+        ax.annotate(f"{name}{cost}", (p.memory / GIB, p.tokens_per_s), fontsize=7, xytext=(-4 if right else 4, 4),
+                    textcoords="offset points", ha="right" if right else "left")
     ax.set_xlabel("peak memory per GPU (GiB, allocated)")
     ax.set_ylabel("tokens/s (global)")
     ax.set_title(title)

@@ -72,6 +72,7 @@ class Tuner:
     abandon: float = 0.2
     candidates: list[Candidate] = field(default_factory=list)
     oom_at: dict[int, int] = field(default_factory=dict)  # structure -> smallest batch that ran out of memory
+    history: list[Candidate] = field(default_factory=list)  # measured, in the order they ran
 
     def __post_init__(self) -> None:
         for s, structure in enumerate(structures(self.base, self.space)):
@@ -86,6 +87,8 @@ class Tuner:
         if c is None:  # the baseline, or a run outside the grid: still informs the ratio and the best
             c = Candidate(cfg, -1, self.predict(cfg))
             self.candidates.append(c)
+        if c.record is None:
+            self.history.append(c)
         c.record = rec
         if rec.status == "oom" and c.structure >= 0:
             b = cfg.batch_size
@@ -102,7 +105,7 @@ class Tuner:
 
     @property
     def measured(self) -> list[Candidate]:
-        return [c for c in self.candidates if c.record is not None]
+        return list(self.history)
 
     def value(self, c: Candidate) -> float | None:
         """The objective of a measured candidate (None unless it ran ok)."""

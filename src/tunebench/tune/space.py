@@ -115,3 +115,10 @@ def batches(space: Space) -> list[int]:
         return list(space.batches)
     top = min(space.max_batch, space.global_batch or space.max_batch)
     return [1 << k for k in range(top.bit_length()) if (1 << k) <= top]
+
+
+def describe(cfg: RunConfig) -> str:
+    """A candidate's name: its levers in a few words."""
+    ckpt = "no ckpt" if not cfg.grad_ckpt else ("ckpt" if cfg.ckpt_every == 1 else f"ckpt 1/{cfg.ckpt_every}")
+    return (f"{cfg.strategy} x{world_of(cfg)} b{cfg.batch_size}x{cfg.grad_accum} s{cfg.seq_len} {ckpt}"
+            f"{' compile' if cfg.compile else ''} {cfg.optimizer}")

@@ -6,12 +6,15 @@ from typing import Any
 
 from tunebench.document import Table
 from tunebench.format import fmt, gib
+from tunebench.tune.space import describe
+
+
+def _name(c: Any) -> str:
+    return describe(c.cfg)
 
 
 def result_tables(result: Any) -> list[Table]:
     """`result`: api.tune.TuneResult (its tuner's measured candidates, the best, the baseline, the front)."""
-    from tunebench.api.tune import _name  # noqa: PLC0415  the candidates' one naming
-
     front = {c.record.id for _, c in result.front}
     best = result.best.record.id if result.best else None
     runs = Table(["#", "candidate", "status", "tokens/s", "predicted", "peak alloc/GPU", "note"],

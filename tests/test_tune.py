@@ -1,0 +1,156 @@
+"""tunebench tune: the search's rules on their own, then real tunes on the CPU (stored, resumed, written out)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import QUICK
+from tunebench.config import RunConfig
+from tunebench.gpus import gpu_named
+from tunebench.plan import predict
+from tunebench.record import ResultRecord, TrainMetrics
+from tunebench.store import Store
+from tunebench.tune import Objective, Point, Space, Tuner, front
+from tunebench.tune.space import structures, with_batch
+
+H100 = gpu_named("H100-80GB")
+QWEN_LIKE = RunConfig(model="llama-3.2-1b", seq_len=1024, batch_size=1, optimizer="adamw_fused")
+
+
+def _planner(cfg: RunConfig):
+    return predict(cfg, H100, (cfg.nproc_per_node or 1) * cfg.nnodes)
+
+
+def _record(cfg: RunConfig, status: str = "ok", tps: float = 1000.0, mem: float = 1e9) -> ResultRecord:
+    rec = ResultRecord.for_config(cfg, {"device": "cuda", "gpu": {"name": "NVIDIA H100 80GB HBM3"}}, status=status)
+    rec.metrics = TrainMetrics(tokens_per_s=tps if status == "ok" else None,
+                               peak_mem_allocated_bytes=int(mem) if status == "ok" else None)
+    return rec
+
+
+def test_space_holds_the_global_batch_and_keeps_one_gpu_single():
+    space = Space(worlds=(1, 4), global_batch=16, compile=(False,), checkpointing=((False, 1),))
+    shapes = structures(QWEN_LIKE, space)
+    assert {(s.strategy, s.nproc_per_node) for s in shapes} == {("single", None), ("ddp", 4), ("fsdp", 4),
+                                                                ("zero2", 4), ("zero3", 4)}
+    four = next(s for s in shapes if s.strategy == "fsdp")
+    assert [(c.batch_size, c.grad_accum) for b in (1, 2, 4, 8) if (c := with_batch(four, b, space))] == \
+        [(1, 4), (2, 2), (4, 1)]  # 8 x 4 GPUs overshoots 16
+
+
+def test_search_skips_what_cannot_fit_and_what_ran_out_of_memory():
+    space = Space(compile=(False,), checkpointing=((False, 1), (True, 1)), max_batch=512)
+    tuner = Tuner(QWEN_LIKE, space, Objective("throughput"), _planner, H100.memory_bytes)
+    first = tuner.next()
+    assert first is not None and tuner.fits(first)
+    assert not any(tuner.fits(c) for c in tuner.candidates if c.cfg.batch_size == 512 and not c.cfg.grad_ckpt)
+    # a real OOM at this batch rules out it and every larger batch of the same structure, whatever the planner says
+    tuner.observe(first.cfg, _record(first.cfg, "oom"))
+    same = [c for c in tuner.candidates if c.structure == first.structure]
+    assert all(not tuner.fits(c) for c in same if c.cfg.batch_size >= first.cfg.batch_size)
+    nxt = tuner.next()
+    assert nxt is not None and not (nxt.structure == first.structure and nxt.cfg.batch_size >= first.cfg.batch_size)
+
+
+def test_search_prunes_clearly_worse_candidates_and_sets_the_abandon_time():
+    space = Space(compile=(False,), checkpointing=((False, 1), (True, 1)), batches=(1, 8))
+    tuner = Tuner(QWEN_LIKE, space, Objective("throughput"), _planner, H100.memory_bytes, prune=0.7)
+    best = max(tuner.candidates, key=lambda c: c.prediction.tokens_per_s)
+    tuner.observe(best.cfg, _record(best.cfg, tps=best.prediction.tokens_per_s))
+    slow = min(tuner.candidates, key=lambda c: c.prediction.tokens_per_s)
+    assert slow.prediction.tokens_per_s < 0.7 * best.prediction.tokens_per_s
+    tuner.next()
+    assert slow.skipped == "predicted clearly worse than the best measured"
+    tokens = slow.cfg.batch_size * slow.cfg.seq_len
+    assert tuner.max_step_s(slow) == pytest.approx(tokens / (best.prediction.tokens_per_s * 0.8))
+
+
+def test_measurements_correct_the_ranking():
+    tuner = Tuner(QWEN_LIKE, Space(compile=(False,), batches=(2, 4)), Objective("throughput"), _planner, None)
+    c = tuner.candidates[0]
+    tuner.observe(c.cfg, _record(c.cfg, tps=c.prediction.tokens_per_s / 2))  # this machine runs at half the model
+    other = tuner.candidates[1]
+    assert tuner.predicted_value(other) == pytest.approx(other.prediction.tokens_per_s / 2)
+
+
+def test_objectives_and_pareto_front():
+    cost = Objective("cost", price_per_gpu_hour=3.6)
+    assert cost.of(1e6, None, 4) == pytest.approx(-4 * 3.6 / 3600)  # $ per 1M tokens, negated
+    assert Objective("memory").of(5.0, 2e9, 1) == -2e9
+    pts = [Point("fast", 100, 10, 1.0), Point("small", 50, 5, 2.0), Point("worse", 40, 11, 2.5),
+           Point("cheap", 60, 12, 0.5)]
+    assert [p.key for p in front(pts)] == ["fast", "cheap", "small"]
+
+
+def test_selective_checkpointing_trains_the_same_and_counts_half_the_recompute(tb, tmp_path):
+    losses = {}
+    for flags in ((), ("--grad-ckpt",), ("--grad-ckpt", "--ckpt-every", "2")):
+        code, out, err = tb("run", *QUICK, "--json", "--no-store", *flags)
+        rec = json.loads(out)
+        assert code == 0, err
+        losses[flags] = rec["metrics"]["losses"]
+        if "2" in flags:
+            assert "0.5 x (2*N_blocks" in rec["metrics"]["flops_formula"]
+    assert len({tuple(v) for v in losses.values()}) == 1
+
+
+def test_a_run_slower_than_max_step_s_is_abandoned_after_three_steps(tb):
+    code, out, _ = tb("run", *QUICK, "--steps", "12", "--json", "--no-store", "--max-step-s", "1e-6")
+    rec = json.loads(out)
+    assert code == 0 and rec["status"] == "ok"
+    assert rec["metrics"]["stopped_early"] is True and rec["metrics"]["timed_steps"] == 3
+
+
+def _tune(tb, store: Path, out: Path, *extra: str):
+    return tb("tune", "--model", "tiny-llama", "--seq-len", "64", "--batch-size", "2", "--device", "cpu",
+              "--store", str(store), "--out", str(out), "--trial-warmup", "1", "--trial-steps", "3",
+              "--fixed", "compile,checkpointing,optimizer", "--json", *extra)
+
+
+def test_tune_measures_stores_and_writes_the_best(tb, tmp_path):
+    store, out = tmp_path / "t.db", tmp_path / "tune"
+    code, stdout, err = _tune(tb, store, out, "--max-runs", "3")
+    assert code == 0, err
+    s = json.loads(stdout)
+    assert s["runs"] == 3 and s["baseline"]["config"]["batch_size"] == 2
+    assert s["best"]["tokens_per_s"] >= s["baseline"]["tokens_per_s"]
+    assert s["front"] and {"name", "tokens_per_s", "peak_mem_allocated_bytes"} <= set(s["front"][0])
+    with Store(store) as st:
+        recs = list(st.records(sweep_id=s["id"]))
+        definition = st.sweep(s["id"])
+    assert len(recs) == 3 and all("tune" in r.tags for r in recs)
+    assert definition["tune"]["objective"] == "throughput" and len(definition["entries"]) == 3
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert best["model"] == "tiny-llama" and "max_step_s" not in best and "steps" not in best
+    assert (out / "pareto.png").stat().st_size > 0
+    # what tune wrote is a config run and train take
+    code, _, err = tb("run", str(out / "best.yaml"), "--device", "cpu", "--steps", "3", "--warmup", "1",
+                      "--no-store")
+    assert code == 0, err
+    (tmp_path / "corpus.txt").write_text("tune wrote this configuration\n" * 50)
+    code, _, err = tb("plan", str(out / "best.yaml"), "--gpu", "H100-80GB", "--no-store")
+    assert code == 0, err
+
+    # resumed: the stored runs count, none is repeated, the budget is raised
+    code, stdout, err = tb("tune", "--resume", s["id"], "--store", str(store), "--out", str(out), "--max-runs", "4",
+                           "--json")
+    again = json.loads(stdout)
+    assert code == 0, err
+    assert again["runs"] == 4 and again["id"] == s["id"]
+    names = [m["name"] for m in again["measured"]]
+    assert len(set(names)) == 4 and names[:3] == [m["name"] for m in s["measured"]]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--max-runs", "0"), "invalid max_runs=0: the budget must allow at least one run"),
+    (("--max-minutes", "0"), "invalid max_minutes=0: the budget must be more than zero minutes"),
+    (("--objective", "speed"), "invalid objective=speed: choose from throughput, cost, memory"),
+    (("--objective", "cost"), "objective cost needs a price per GPU-hour for this machine (no GPU)"),
+    (("--fixed", "compile,colour"), "invalid fixed=colour: choose from strategy, checkpointing"),
+    (("--resume", "tune-nothing"), "no tune with id 'tune-nothing'"),
+])
+def test_tune_bad_input_is_one_line(tb, tmp_path, extra, message):
+    code, _, err = _tune(tb, tmp_path / "t.db", tmp_path / "o", *extra)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
