@@ -19,8 +19,9 @@ from tunebench.cli import build_parser, main
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "README.md").read_text()
 # Examples that need what only a reader has (a GPU, an id from their store, their files): validated, not run.
-PLACEHOLDERS = ("SWEEP_ID", "3fa2c1", "baseline.db", "node0.db", "/models/my-llama", "diagnostic-20261121")
-RUN_ON_CPU = ("results list", "results schema", "results export", "report --publish", "deploy ")
+PLACEHOLDERS = ("SWEEP_ID", "3fa2c1", "baseline.db", "node0.db", "/models/my-llama", "diagnostic-20261121",
+                "tune-mistral-7b-20261121")
+RUN_ON_CPU = ("results list", "results schema", "results export", "report --publish", "deploy ", "plan ")
 
 
 def _blocks(lang: str) -> list[str]:
@@ -41,6 +42,7 @@ def _yaml_files(where: Path) -> None:
     for block in _blocks("yaml"):
         first = block.splitlines()[0]
         if first.startswith("# ") and first.endswith(".yaml"):
+            (where / first[2:]).parent.mkdir(parents=True, exist_ok=True)
             (where / first[2:]).write_text(block)
 
 
@@ -70,6 +72,11 @@ def _validate(argv: list[str]) -> None:
         from tunebench.suites import parse_sets
 
         assert plan_sweep(args.suite, parse_sets(args.set), args.repeats).entries
+    elif args.command == "tune" and not args.resume:  # the search's settings, checked as tune checks them
+        from tunebench.api.tune import check_settings
+        from tunebench.commands.tune import settings_from
+
+        check_settings(settings_from(args))
     elif args.command in ("hw", "load", "infer"):
         from tunebench.config import HwConfig, InferConfig, LoadConfig
 
