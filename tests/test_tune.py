@@ -154,3 +154,16 @@ def test_tune_measures_stores_and_writes_the_best(tb, tmp_path):
 def test_tune_bad_input_is_one_line(tb, tmp_path, extra, message):
     code, _, err = _tune(tb, tmp_path / "t.db", tmp_path / "o", *extra)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cost_objective_prices_the_gpu_from_the_sheet(tmp_path):
+    from tunebench.api.tune import objective_for
+    from tunebench.errors import UserError
+
+    obj = objective_for("cost", gpu_named("H100-80GB"), None)
+    assert obj.name == "cost" and 1.0 < obj.price_per_gpu_hour < 10.0  # the cheapest on-demand H100 offering
+    sheet = tmp_path / "prices.yaml"
+    sheet.write_text("offerings:\n  - {name: x, gpu: A100, on_demand: 1.5, spot: null, source: s, date: d}\n")
+    assert objective_for("cost", gpu_named("A100-80GB"), str(sheet)).price_per_gpu_hour == 1.5
+    with pytest.raises(UserError, match="objective cost needs a price per GPU-hour for L4"):
+        objective_for("cost", gpu_named("L4"), str(sheet))
