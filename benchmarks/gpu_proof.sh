@@ -16,6 +16,8 @@
 #   bash benchmarks/gpu_proof.sh probe     # issue 16: memory by phase and kernel time by kind (the planner's truth)
 #   bash benchmarks/gpu_proof.sh tune1     # issue 16: FSDP2+ckpt on one GPU, plan and tune Mistral-7B QLoRA
 #   bash benchmarks/gpu_proof.sh tune4     # issue 16: tune the strategy of TinyGPT on 4 GPUs
+#   bash benchmarks/gpu_proof.sh plaingpt  # issue 14: GPT-2 small full, ours (eager, per block, whole model) vs plain
+#   bash benchmarks/gpu_proof.sh scope7b   # issue 14: Mistral-7B QLoRA, compile per block vs whole model
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -149,6 +151,18 @@ tune4)
   tb tune --model tinygpt-124m --strategy ddp --nproc-per-node 4 --batch-size 1 --grad-accum 4 --seq-len 2048 \
     --optimizer adamw_fused --gpus 4 --global-batch 16 --max-runs 10 --max-minutes 5 --out "$OUT/tune-tinygpt" \
     --json > "$OUT/tune-tinygpt.json"
+  ;;
+plaingpt)
+  # issue 14: each side its own process, one after the other; where the GPU time goes with --profile
+  export CUDA_VISIBLE_DEVICES=0
+  python3 benchmarks/vs_plain_gpt.py --profile --out "$OUT/vs_plain_gpt.json" ${SIDES:+--sides $SIDES}
+  ;;
+scope7b)
+  export CUDA_VISIBLE_DEVICES=0
+  for scope in blocks model; do
+    tb run --model mistral-7b --method qlora --seq-len 512 --batch-size 8 --grad-ckpt --optimizer paged_adamw_8bit \
+      --steps 30 --warmup 10 --compile --compile-scope $scope --tag gpu-proof-scope 2>&1 | grep -v "step [0-9]*/"
+  done
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

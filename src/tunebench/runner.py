@@ -153,7 +153,8 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     model.train()
     head = unwrap(model).get_output_embeddings()
     blocks = transformer_blocks(model, spec.num_layers)
-    if cfg.compile:
+    scope = strategy.compile_scope(cfg)
+    if scope == "blocks":
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times
             block.compile()
     out.params_total, out.params_trainable = count_params(model)
@@ -162,6 +163,8 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
                                 checkpointed_share(blocks), head_recompute=not fused)
     module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
+    if scope == "model":  # embeddings, blocks, final norm and the loss: one graph, fused across block edges
+        module.compile()
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size))
 
 

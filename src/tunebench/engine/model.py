@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from tunebench.engine.loss import causal_lm_loss
+from tunebench.models.attention import NAME as SDPA
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -44,6 +45,9 @@ class CausalLMWithLoss(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         hf = unwrap(self.model)
-        hidden = hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        # Rows without position ids are whole sequences: plainly causal, which transformers cannot tell when traced
+        extra = {"plain_causal": True} if position_ids is None and hf.config._attn_implementation == SDPA else {}
+        hidden = hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
+        hidden = hidden.last_hidden_state
         return causal_lm_loss(hidden, hf.get_output_embeddings(), labels, self.vocab_size, fuse=self.fuse_head,
                               masked=self.masked_labels)

@@ -22,10 +22,16 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
 from tunebench.config import RunConfig
+from tunebench.models.attention import sdpa_causal
 from tunebench.models.spec import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ATTN_IMPL = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}
+
+
+def attn_implementation(attn: str) -> str:
+    """transformers' name for `attn`: SDPA as registered by tunebench.models.attention (flash under compile too)."""
+    return sdpa_causal() if attn == "sdpa" else ATTN_IMPL[attn]
 
 
 Quant = Literal["nf4", "fp4", "int8"]
@@ -62,7 +68,8 @@ def load_meta_model(spec: ModelSpec, cfg: RunConfig | Weights) -> PreTrainedMode
     """The architecture with parameters on meta (no memory) and buffers (rotary tables) real on CPU."""
     w = train_weights(cfg) if isinstance(cfg, RunConfig) else cfg
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(spec.hf_config, attn_implementation=ATTN_IMPL[w.attn], dtype=w.dtype)
+        model = AutoModelForCausalLM.from_config(spec.hf_config, attn_implementation=attn_implementation(w.attn),
+                                                 dtype=w.dtype)
     model.tie_weights()  # from_config leaves tied heads (GPT-2, Llama-3.2) untied; the real models tie them
     model.config.use_cache = w.use_cache
     return model
@@ -175,7 +182,7 @@ def quantization_config(w: Weights):
 
 def from_pretrained(path, w: Weights, device: torch.device) -> PreTrainedModel:
     """Load safetensors from a local directory straight onto `device`, quantizing while loading when asked."""
-    kwargs: dict = dict(dtype=w.dtype, attn_implementation=ATTN_IMPL[w.attn], device_map={"": device},
+    kwargs: dict = dict(dtype=w.dtype, attn_implementation=attn_implementation(w.attn), device_map={"": device},
                         local_files_only=True)
     if (q := quantization_config(w)) is not None:
         kwargs["quantization_config"] = q

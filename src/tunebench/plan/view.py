@@ -27,6 +27,9 @@ def summary_table(p: Prediction) -> Table:
     tab.add("step time", f"{t.seconds * 1e3:,.1f} ms  ({t.bound}-bound)")
     tab.add("MFU", pct(p.mfu))
     tab.add("hardware figures", p.hw.source)
+    if p.cfg.compile and p.cfg.compile_scope == "model":
+        tab.add("note", "compile_scope=model is predicted as per-block compile: the whole graph is not modelled "
+                        "yet (measured faster on GPT-2, and heavier under checkpointing)")
     if p.verdict == "tight":
         tab.add("note", "within 5% of the GPU's memory: fragmentation may still run out; "
                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it")

@@ -28,6 +28,16 @@ class Strategy:
     refuses: Mapping[str, str] = field(default_factory=dict)  # method -> why it is refused
     fused_head: bool = True  # the fused head + loss works (ZeRO-3 gathers the head's weight only in its forward)
     deepspeed: bool = False  # runs through DeepSpeed: needs the package, shards the optimizer itself
+    # compile_scope=model works: the model and its loss compiled as one graph. Not under a wrapper that needs
+    # its hooks between blocks (DDP's buckets, FSDP's gathers, DeepSpeed's partitions): blocks there.
+    whole_compile: bool = False
+
+    def compile_scope(self, cfg: RunConfig) -> str | None:
+        """What `compile` compiles for this run: None (eager), "blocks" or "model"."""
+        if not cfg.compile:
+            return None
+        # auto stays per block until the planner models the whole graph's memory and speed (its checkpointing too)
+        return "blocks" if cfg.compile_scope == "auto" else cfg.compile_scope
 
     def check(self, cfg: RunConfig, world_size: int, packages: bool = True) -> None:
         """Refuse (UserError, one line) what this strategy cannot run, before anything is built.
@@ -39,6 +49,9 @@ class Strategy:
             others = [s for s, st in STRATEGIES.items() if not st.one_process and cfg.method not in st.refuses]
             others = ", ".join(others[:-1]) + " or " + others[-1]
             raise UserError(f"invalid strategy={self.name} with {world_size} processes: use {others}")
+        if cfg.compile and cfg.compile_scope == "model" and not self.whole_compile:
+            raise UserError(f"invalid compile_scope=model with strategy={self.name}: its hooks run between blocks; "
+                            "use compile_scope=blocks (or strategy=single)")
         if self.deepspeed and cfg.optimizer in BNB_OPTIMIZERS:
             raise UserError(f"invalid optimizer={cfg.optimizer} with strategy={self.name}: DeepSpeed shards the "
                             "optimizer itself; use adamw or adamw_fused")
@@ -53,7 +66,7 @@ class Strategy:
 
 _QLORA_DS = "bitsandbytes 4-bit layers are not partitioned or cast by DeepSpeed; use ddp or single"
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("single", "one process, no wrapping", "single", one_process=True),
+    Strategy("single", "one process, no wrapping", "single", one_process=True, whole_compile=True),
     Strategy("ddp", "PyTorch DDP: full replicas, gradients all-reduced in buckets", "ddp"),
     Strategy("fsdp", "FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded", "fsdp",
              refuses={"qlora": "QLoRA with FSDP2 needs 4-bit weights stored as bf16 (quant_storage) sharded by "

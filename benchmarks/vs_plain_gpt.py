@@ -1,0 +1,266 @@
+"""tunebench's full fine-tune of GPT-2 small (the `tinygpt-124m` preset) against plain PyTorch on the same job.
+
+The plain side is the short script a user writes (nanoGPT's shape): GPT-2 small with tied weights, GPT-2's
+dropout of 0.1 as the preset has it (`plain-nodrop` and `plain-compile-nodrop`: none, as nanoGPT pretrains), SDPA
+causal attention, fp32 weights under bf16 autocast, fused AdamW, gradient clipping at 1.0,
+`F.cross_entropy` over the logits; eager, or `torch.compile(model)`. Our side is `tunebench.run` with the
+same shapes, optimizer and clipping. Each side runs in its own fresh process, one after the other in this one
+job on the same GPU; only the steps after `warmup` are timed.
+
+    python benchmarks/vs_plain_gpt.py [--sides plain,plain-compile,ours,ours-blocks,ours-model] [--profile]
+
+`--profile` adds, per side, where the GPU time of 5 steps goes (matmuls, attention, fused Triton kernels,
+optimizer, other) from the PyTorch profiler, and the share of the step the GPU sat idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+GIB = 1024**3
+SIDES = ("plain", "plain-compile", "plain-nodrop", "plain-compile-nodrop", "ours", "ours-blocks", "ours-model")
+VOCAB, LAYERS, HIDDEN, HEADS = 50257, 12, 768, 12
+
+
+def plain_model(seq_len: int, drop: float):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
+            self.qkv, self.proj = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+            self.fc, self.out = nn.Linear(HIDDEN, 4 * HIDDEN), nn.Linear(4 * HIDDEN, HIDDEN)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, c = x.shape
+            q, k, v = (z.view(b, t, HEADS, c // HEADS).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(c, 2))
+            p = drop if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True).transpose(1, 2).reshape(b, t, c)
+            x = x + F.dropout(self.proj(y), p, self.training)
+            return x + F.dropout(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")), p, self.training)
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(VOCAB, HIDDEN), nn.Embedding(seq_len, HIDDEN)
+            self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+            self.ln_f = nn.LayerNorm(HIDDEN)
+            self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
+            self.head.weight = self.wte.weight
+            for p in self.parameters():
+                if p.dim() > 1:
+                    nn.init.normal_(p, std=0.02)
+
+        def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            x = F.dropout(self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device)), drop, self.training)
+            for block in self.blocks:
+                x = block(x)
+            logits = self.head(self.ln_f(x))
+            return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
+
+    return GPT()
+
+
+def side_plain(a: argparse.Namespace, compiled: bool, drop: float) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    model = plain_model(a.seq_len, drop).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, weight_decay=0.0, fused=True)
+    fwd = torch.compile(model) if compiled else model
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def step() -> torch.Tensor:
+        ids = torch.randint(0, VOCAB, (a.batch_size, a.seq_len + 1), generator=gen, device=dev)
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            loss = fwd(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    t0 = time.perf_counter()
+    for _ in range(a.warmup):
+        step()
+    sync()
+    setup = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(a.steps - a.warmup):
+        loss = step()
+    sync()
+    elapsed = time.perf_counter() - t0
+    out = {"side": "plain" + ("-compile" if compiled else "") + ("" if drop else "-nodrop"), "status": "ok",
+           "tokens_per_s": (a.steps - a.warmup) * a.batch_size * a.seq_len / elapsed,
+           "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None, "loss_last": float(loss),
+           "warmup_s": setup}
+    if a.profile and cuda:
+        out["profile"] = profile(step)
+    return out
+
+
+def _cfg(a: argparse.Namespace, scope: str | None):
+    from tunebench import RunConfig
+
+    return RunConfig(model="tinygpt-124m", method="full", seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
+                     warmup=a.warmup, optimizer="adamw_fused", precision="bf16", grad_clip=1.0, device=a.device,
+                     compile=scope is not None, compile_scope=scope or "auto", telemetry=False, tag=["vs_plain_gpt"])
+
+
+def side_ours(a: argparse.Namespace, scope: str | None) -> dict:
+    from tunebench import run
+
+    cfg = _cfg(a, scope)
+    rec = run(cfg)
+    m = rec.metrics
+    out = {"side": "ours" + (f"-{scope}" if scope else ""), "status": rec.status, "error": rec.error,
+           "tokens_per_s": m.tokens_per_s, "peak_alloc_gib": m.peak_mem_allocated_bytes / GIB
+           if m.peak_mem_allocated_bytes else None, "loss_last": m.loss_last, "setup_s": m.setup_s, "mfu": m.mfu}
+    if a.profile and rec.status == "ok" and a.device == "cuda":
+        out["profile"] = profile(_our_step(cfg))
+    return out
+
+
+def _our_step(cfg) -> Callable[[], object]:
+    """The same step `run` times, built from the runner's pieces so that the profiler can wrap it."""
+    from tunebench.dist import SINGLE
+    from tunebench.engine.data import SyntheticTokens
+    from tunebench.engine.step import optimizer_step_fn
+    from tunebench.runner import Outcome, build_trainable, preflight
+
+    plan = preflight(cfg)
+    t = build_trainable(plan, Outcome(), SINGLE)
+    data = SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, plan.device, cfg.seed)
+    return optimizer_step_fn(t.ts, data, plan.cfg, plan.device, SINGLE)
+
+
+def _category(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("flash", "fmha", "attention", "sdpa")):
+        return "attention"
+    if any(k in n for k in ("gemm", "cutlass", "nvjet", "xmma", "matmul", "sm90_", "cublas")):
+        return "matmul"
+    if "adam" in n or "multi_tensor" in n:
+        return "optimizer"
+    if n.startswith("triton"):
+        return "triton (fused)"
+    if "memcpy" in n or "memset" in n:
+        return "copy/memset"
+    return "other kernels"
+
+
+def profile(step: Callable[[], object], steps: int = 5) -> dict:
+    """GPU time per step by kind of kernel, and the share of the step's wall time the GPU was idle."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    by: dict[str, float] = {}
+    top: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_type.name != "CUDA" or e.self_device_time_total <= 0:
+            continue
+        us = e.self_device_time_total
+        by[_category(e.key)] = by.get(_category(e.key), 0.0) + us
+        top[e.key[:90]] = top.get(e.key[:90], 0.0) + us
+    busy_ms = sum(by.values()) / 1e3 / steps
+    wall_ms = wall * 1e3 / steps
+    return {"wall_ms": wall_ms, "gpu_busy_ms": busy_ms, "idle_share": max(0.0, 1 - busy_ms / wall_ms),
+            "ms_by_kind": {k: v / 1e3 / steps for k, v in sorted(by.items(), key=lambda kv: -kv[1])},
+            "top_kernels_ms": {k: v / 1e3 / steps for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:15]}}
+
+
+def _child(a: argparse.Namespace, side: str) -> dict:
+    cmd = [sys.executable, __file__, "--side", side, "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size),
+           "--steps", str(a.steps), "--warmup", str(a.warmup), "--device", a.device]
+    cmd += ["--profile"] if a.profile else []
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return {"side": side, "status": "failed", "error": (proc.stderr or proc.stdout)[-3000:]}
+    return json.loads(lines[-1][len("RESULT "):]) | {"process_s": time.perf_counter() - t0}
+
+
+def run_side(a: argparse.Namespace, side: str) -> dict:
+    if side.startswith("plain"):
+        return side_plain(a, compiled="compile" in side, drop=0.0 if side.endswith("nodrop") else 0.1)
+    return side_ours(a, None if side == "ours" else side.removeprefix("ours-"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, from {', '.join(SIDES)}")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no memory figures)")
+    p.add_argument("--profile", action="store_true", help="also break 5 profiled steps down by kind of kernel")
+    p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--out", help="write all figures as JSON here")
+    a = p.parse_args()
+    if a.side:
+        print("RESULT " + json.dumps(run_side(a, a.side)), flush=True)
+        return
+    sides = [s.strip() for s in a.sides.split(",") if s.strip()]
+    bad = [s for s in sides if s not in SIDES]
+    if bad:
+        p.error(f"unknown side(s) {', '.join(bad)}; choose from {', '.join(SIDES)}")
+    results = []
+    for side in sides:
+        results.append(_child(a, side))
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "profile"}), flush=True)
+        if a.out:  # after every side, so that a job cut short keeps what it measured
+            tmp = Path(a.out + ".tmp")
+            tmp.write_text(json.dumps(results, indent=2))
+            tmp.replace(a.out)
+    _print(a, results)
+
+
+def _print(a: argparse.Namespace, results: list[dict]) -> None:
+    ok = {r["side"]: r for r in results if r.get("status") == "ok"}
+    print(f"\nGPT-2 small, full, bf16, seq {a.seq_len} batch {a.batch_size} ({a.steps - a.warmup} timed steps "
+          f"after {a.warmup})")
+    refs = [s for s in ("plain-compile", "plain", "plain-compile-nodrop") if s in ok]
+    print(f"{'side':<22}{'status':<8}{'tokens/s':>10}{'peak GiB':>10}" + "".join(f"{'vs ' + r:>24}" for r in refs))
+    for r in results:
+        if r.get("status") != "ok":
+            print(f"{r['side']:<22}{r.get('status'):<8}  {str(r.get('error', ''))[-600:]}")
+            continue
+        ratios = "".join(f"{r['tokens_per_s'] / ok[ref]['tokens_per_s']:>24.3f}" for ref in refs)
+        gib = r["peak_alloc_gib"] or float("nan")
+        print(f"{r['side']:<22}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{gib:>10.2f}{ratios}")
+    for r in results:
+        prof = r.get("profile")
+        if prof:
+            kinds = ", ".join(f"{k} {v:.1f}" for k, v in prof["ms_by_kind"].items())
+            print(f"{r['side']}: {prof['wall_ms']:.1f} ms/step, GPU busy {prof['gpu_busy_ms']:.1f} ms "
+                  f"(idle {prof['idle_share']:.0%}): {kinds}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""torch.compile's two scopes: what each strategy gets, and the whole-model graph (loss included) training as eager does."""
+
+import pytest
+
+from tunebench import RunConfig, run
+from tunebench.strategies import STRATEGIES
+
+
+@pytest.mark.parametrize("strategy,method,scope,expected", [
+    ("single", "full", "auto", "blocks"),  # what the planner models
+    ("single", "full", "model", "model"),
+    ("single", "lora", "auto", "blocks"),
+    ("ddp", "full", "auto", "blocks"),
+    ("fsdp", "full", "auto", "blocks"),
+    ("single", "full", "blocks", "blocks"),
+    ("single", "qlora", "model", "model"),
+])
+def test_scope_chosen_per_strategy(strategy, method, scope, expected):
+    cfg = RunConfig(strategy=strategy, method=method, compile=True, compile_scope=scope)
+    assert STRATEGIES[strategy].compile_scope(cfg) == expected
+    assert STRATEGIES[strategy].compile_scope(cfg.model_copy(update={"compile": False})) is None
+
+
+def test_whole_model_scope_refused_under_wrappers(tb):
+    code, _, err = tb("run", "--model", "tiny-llama", "--device", "cpu", "--strategy", "ddp", "--nproc-per-node", "2",
+                      "--compile", "--compile-scope", "model", "--no-store")
+    assert code == 2 and "compile_scope=model with strategy=ddp" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_scope_keeps_config_hashes():
+    """A field added later leaves the identity of configurations stored before it unchanged."""
+    assert RunConfig(compile=True).config_hash() == RunConfig(compile=True, compile_scope="auto").config_hash()
+
+
+def test_whole_model_compile_trains_as_eager():
+    """Embeddings, blocks, norm and the fused loss in one graph: the same losses as eager, step by step."""
+    cfg = RunConfig(model="tiny-llama", method="full", steps=4, warmup=1, seq_len=32, batch_size=2, lr=3e-3,
+                    device="cpu", precision="fp32", telemetry=False)
+    eager = run(cfg)
+    whole = run(cfg.model_copy(update={"compile": True, "compile_scope": "model"}))
+    assert eager.status == whole.status == "ok", whole.error
+    assert len(whole.metrics.losses) == 4
+    assert whole.metrics.losses == pytest.approx(eager.metrics.losses, rel=1e-3)
+
+
+def test_whole_sequences_reach_sdpa_without_a_mask_when_traced():
+    """Traced, transformers builds a dense mask for every row; our rows of whole sequences reach SDPA with
+    is_causal and no mask (its causal kernels), packed rows with their mask."""
+    import torch
+    import torch.nn.functional as F
+
+    from tunebench.engine.model import CausalLMWithLoss
+    from tunebench.models import build_model, resolve_model
+
+    model, _ = build_model(resolve_model("tiny-llama"), RunConfig(precision="fp32", device="cpu"), torch.device("cpu"))
+    module = CausalLMWithLoss(model, 1024)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    ids = torch.randint(0, 1024, (2, 16), generator=torch.Generator().manual_seed(0))
+    packed = torch.cat([torch.arange(8), torch.arange(8)])[None].expand(2, -1)
+    traced = torch.compile(module, backend=capture)
+    for positions in (None, packed):
+        graphs.clear()
+        traced(ids, ids, positions)
+        calls = [n for g in graphs for n in g.graph.nodes if n.target is F.scaled_dot_product_attention]
+        assert len(calls) == 2  # one per layer
+        masks = [n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None) for n in calls]
+        if positions is None:
+            assert all(m is None for m in masks) and all(n.kwargs.get("is_causal") for n in calls)
+        else:
+            assert all(m is not None for m in masks)
+
+
+def test_compiled_model_keeps_packed_examples_apart():
+    """Under torch.compile (where transformers always builds a mask) packed rows still see only their own example."""
+    import torch
+
+    from tunebench.models import build_model, resolve_model
+
+    model, _ = build_model(resolve_model("tiny-llama"), RunConfig(precision="fp32", device="cpu"), torch.device("cpu"))
+    model.eval()
+    assert model.config._attn_implementation == "sdpa_causal"
+    compiled = torch.compile(model)
+    ids = torch.randint(0, 1024, (1, 16), generator=torch.Generator().manual_seed(0))
+    positions = torch.cat([torch.arange(8), torch.arange(8)])[None]
+    with torch.no_grad():
+        together = compiled(input_ids=ids, position_ids=positions, use_cache=False).logits[0, 8:]
+        alone = compiled(input_ids=ids[:, 8:], use_cache=False).logits[0]
+        whole = compiled(input_ids=ids, use_cache=False).logits[0]
+        eager = model(input_ids=ids, use_cache=False).logits[0]
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(whole, eager, atol=1e-5, rtol=1e-4)
+    assert (whole[8:] - alone).abs().max() > 1e-3  # causal over the whole row: the second half sees the first
