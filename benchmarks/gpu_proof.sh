@@ -18,6 +18,7 @@
 #   bash benchmarks/gpu_proof.sh tune4     # issue 16: tune the strategy of TinyGPT on 4 GPUs
 #   bash benchmarks/gpu_proof.sh plaingpt  # issue 14: GPT-2 small full, ours (eager, per block, whole model) vs plain
 #   bash benchmarks/gpu_proof.sh scope7b   # issue 14: Mistral-7B QLoRA, compile per block vs whole model
+#   bash benchmarks/gpu_proof.sh plancheck # issue 16: configurations the planner never saw, on an H100 (out of sample)
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -163,6 +164,16 @@ scope7b)
     tb run --model mistral-7b --method qlora --seq-len 512 --batch-size 8 --grad-ckpt --optimizer paged_adamw_8bit \
       --steps 30 --warmup 10 --compile --compile-scope $scope --tag gpu-proof-scope 2>&1 | grep -v "step [0-9]*/"
   done
+  ;;
+plancheck)
+  # each record stores the planner's prediction (made from the spec sheet: this store has no hw record)
+  export CUDA_VISIBLE_DEVICES=0
+  common="--steps 20 --warmup 8 --tag plancheck"
+  tb run --model llama-3.2-1b --method lora --seq-len 1024 --batch-size 8 --optimizer adamw_fused $common
+  tb run --model llama-3.2-1b --method full --seq-len 2048 --batch-size 4 --grad-ckpt --optimizer adamw_fused $common
+  tb run --model tinygpt-124m --method full --seq-len 1024 --batch-size 16 --compile --optimizer adamw_fused $common
+  tb run --model mistral-7b --method qlora --seq-len 1024 --batch-size 4 --grad-ckpt --optimizer paged_adamw_8bit \
+    --lora-rank 16 --lora-alpha 32 $common
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

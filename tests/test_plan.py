@@ -143,6 +143,46 @@ def test_block_activations_match_what_autograd_saves(tmp_path, precision):
     assert activations(w).per_layer == pytest.approx(measured, rel=0.03)
 
 
+@pytest.mark.parametrize("autocast", [True, False])
+def test_lora_block_activations_match_what_autograd_saves(tmp_path, autocast):
+    """LoRA on a bf16 base, under autocast with fp32 adapters (single, DDP, FSDP2) or all bf16 without autocast
+    (DeepSpeed's bf16 engine casts the adapters too): neither keeps a copy of an adapter's input."""
+    from tunebench.engine.model import CausalLMWithLoss, transformer_blocks
+    from tunebench.methods import apply_method
+    from tunebench.models import resolve_model
+    from tunebench.models.build import Weights, build
+
+    cfg_json = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
+                "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+                "max_position_embeddings": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(cfg_json))
+    cfg = RunConfig(model=str(tmp_path), method="lora", precision="bf16", seq_len=256, batch_size=2,
+                    strategy="single" if autocast else "zero2")
+    model, _ = build(resolve_model(str(tmp_path)), Weights(dtype=torch.bfloat16), torch.device("cpu"))
+    model = apply_method(model, cfg)
+    model = model.train() if autocast else model.to(torch.bfloat16).train()
+    blocks = transformer_blocks(model, 2)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    inside = [False]
+    blocks[1].register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+    blocks[1].register_forward_hook(lambda *a: inside.__setitem__(0, False))
+
+    def pack(t):
+        st = t.untyped_storage()
+        if inside[0] and st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    ids = torch.randint(0, 512, (2, 256))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        CausalLMWithLoss(model, 512)(ids, ids)
+    w = workload(cfg, 1)
+    assert w.autocast == autocast
+    assert activations(w).per_layer == pytest.approx(sum(seen.values()) / (2 * 256), rel=0.04)
+
+
 def test_plan_prints_the_verdict_breakdown_and_time(tb):
     code, out, err = tb("plan", "--model", "mistral-7b", "--method", "qlora", "--seq-len", "1024", "--batch-size", "4",
                         "--grad-ckpt", "--optimizer", "paged_adamw_8bit", "--gpu", "H100-80GB", "--no-store")
