@@ -16,9 +16,10 @@
 #   bash benchmarks/gpu_proof.sh probe     # issue 16: memory by phase and kernel time by kind (the planner's truth)
 #   bash benchmarks/gpu_proof.sh tune1     # issue 16: FSDP2+ckpt on one GPU, plan and tune Mistral-7B QLoRA
 #   bash benchmarks/gpu_proof.sh tune4     # issue 16: tune the strategy of TinyGPT on 4 GPUs
-#   bash benchmarks/gpu_proof.sh plaingpt  # issue 14: GPT-2 small full, ours (eager, per block, whole model) vs plain
+#   bash benchmarks/gpu_proof.sh plaingpt  # issue 14: GPT-2 small full, ours (eager, per block, whole model) vs plain, harness overhead
 #   bash benchmarks/gpu_proof.sh scope7b   # issue 14: Mistral-7B QLoRA, compile per block vs whole model
 #   bash benchmarks/gpu_proof.sh plancheck # issue 16: configurations the planner never saw, on an H100 (out of sample)
+#   bash benchmarks/gpu_proof.sh hw100     # issue 16: the H100's matmul ceiling and bandwidth, for the planner
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -174,6 +175,10 @@ plancheck)
   tb run --model tinygpt-124m --method full --seq-len 1024 --batch-size 16 --compile --optimizer adamw_fused $common
   tb run --model mistral-7b --method qlora --seq-len 1024 --batch-size 4 --grad-ckpt --optimizer paged_adamw_8bit \
     --lora-rank 16 --lora-alpha 32 $common
+  ;;
+hw100)
+  export CUDA_VISIBLE_DEVICES=0
+  tb hw --sections matmul,bandwidth --dtypes bf16 --tag gpu-proof-hw
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

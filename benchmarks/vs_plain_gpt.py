@@ -131,9 +131,28 @@ def side_ours(a: argparse.Namespace, scope: str | None) -> dict:
     out = {"side": "ours" + (f"-{scope}" if scope else ""), "status": rec.status, "error": rec.error,
            "tokens_per_s": m.tokens_per_s, "peak_alloc_gib": m.peak_mem_allocated_bytes / GIB
            if m.peak_mem_allocated_bytes else None, "loss_last": m.loss_last, "setup_s": m.setup_s, "mfu": m.mfu}
-    if a.profile and rec.status == "ok" and a.device == "cuda":
-        out["profile"] = profile(_our_step(cfg))
+    if rec.status == "ok" and a.device == "cuda":
+        # the harness's overhead: the same step (same kernels, same graphs) in a bare loop, in this process
+        step = _our_step(cfg)
+        out["bare_tokens_per_s"] = bare_loop(step, a)
+        out["harness_overhead"] = 1 - m.tokens_per_s / out["bare_tokens_per_s"]
+        if a.profile:
+            out["profile"] = profile(step)
     return out
+
+
+def bare_loop(step: Callable[[], object], a: argparse.Namespace) -> float:
+    """tokens/s of `step` run back to back: warmup steps, then the timed ones between two synchronizations."""
+    import torch
+
+    for _ in range(a.warmup):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(a.steps - a.warmup):
+        step()
+    torch.cuda.synchronize()
+    return (a.steps - a.warmup) * a.batch_size * a.seq_len / (time.perf_counter() - t0)
 
 
 def _our_step(cfg) -> Callable[[], object]:
@@ -254,6 +273,10 @@ def _print(a: argparse.Namespace, results: list[dict]) -> None:
         ratios = "".join(f"{r['tokens_per_s'] / ok[ref]['tokens_per_s']:>24.3f}" for ref in refs)
         gib = r["peak_alloc_gib"] or float("nan")
         print(f"{r['side']:<22}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{gib:>10.2f}{ratios}")
+    for r in results:
+        if r.get("bare_tokens_per_s"):
+            print(f"{r['side']}: a bare loop of the same step ran {r['bare_tokens_per_s']:,.0f} tokens/s: the "
+                  f"harness costs {r['harness_overhead']:+.1%}")
     for r in results:
         prof = r.get("profile")
         if prof:
