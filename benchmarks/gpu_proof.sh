@@ -20,6 +20,7 @@
 #   bash benchmarks/gpu_proof.sh scope7b   # issue 14: Mistral-7B QLoRA, compile per block vs whole model
 #   bash benchmarks/gpu_proof.sh plancheck # issue 16: configurations the planner never saw, on an H100 (out of sample)
 #   bash benchmarks/gpu_proof.sh hw100     # issue 16: the H100's matmul ceiling and bandwidth, for the planner
+#   bash benchmarks/gpu_proof.sh attn1     # the registered SDPA on every path of one GPU: decode, FSDP2, ZeRO-2
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -179,6 +180,14 @@ plancheck)
 hw100)
   export CUDA_VISIBLE_DEVICES=0
   tb hw --sections matmul,bandwidth --dtypes bf16 --tag gpu-proof-hw
+  ;;
+attn1)
+  export CUDA_VISIBLE_DEVICES=0
+  tb infer --model mistral-7b --precisions bf16 --batch-sizes 1,8 --kv-cache static --compile --tag gpu-proof-attn
+  for s in fsdp zero2; do
+    tb run --model llama-3.2-1b --method full --strategy $s --nproc-per-node 1 --seq-len 1024 --batch-size 4 \
+      --steps 12 --warmup 4 --optimizer adamw_fused --tag gpu-proof-attn 2>&1 | grep -v "step [0-9]*/"
+  done
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \
