@@ -17,9 +17,10 @@ GPT-2 block under autocast: LayerNorm inputs, the fused qkv (6h), dropout masks 
 NewGELU written out in Python, whose pow/tanh run in fp32 under autocast (14 x inner bytes).
 torch.compile keeps what its min-cut partitioner chooses: measured, 12h + 4i (+ attention) on Llama with
 bf16 weights, 4h more with LoRA/QLoRA adapters.
-LoRA adds each adapter's rank-r output. No copy of an adapter's input stays: under autocast the fp32
-adapters' input is cast back to bf16 for their matmul, and DeepSpeed casts the adapters to bf16 (measured
-on the CPU, and on an H100: 118k bytes/token per block of Llama-3.2-1B LoRA, as counted here).
+LoRA adds each adapter's rank-r output, and no copy of an adapter's input: peft casts that input to the
+adapters' fp32, yet nothing more is kept, under autocast or under DeepSpeed (whose bf16 engine casts the
+adapters too); measured on the CPU (a test) and on an H100 (118k bytes/token per block of Llama-3.2-1B LoRA,
+as counted here).
 """
 
 from __future__ import annotations
