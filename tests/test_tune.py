@@ -109,6 +109,22 @@ def _tune(tb, store: Path, out: Path, *extra: str):
               "--fixed", "compile,checkpointing,optimizer", "--json", *extra)
 
 
+@pytest.mark.parametrize("out", ["users", "file", "/"])
+def test_tune_never_writes_over_someone_elses_files(tb, tmp_path, out):
+    """The output folder is claimed before any run: a folder of the user's files, a file, or the root is refused."""
+    store = tmp_path / "t.db"
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "best.yaml").write_text("mine\n")
+    (tmp_path / "file").write_text("mine\n")
+    target = Path(out) if out == "/" else tmp_path / out
+    code, _, err = _tune(tb, store, target, "--max-runs", "1")
+    assert code == 2 and err.startswith("tunebench: error: invalid out=") and len(err.strip().splitlines()) == 1
+    assert (users / "best.yaml").read_text() == "mine\n" and (tmp_path / "file").read_text() == "mine\n"
+    with Store(store) as st:
+        assert not list(st.records())  # nothing ran
+
+
 def test_tune_measures_stores_and_writes_the_best(tb, tmp_path):
     store, out = tmp_path / "t.db", tmp_path / "tune"
     code, stdout, err = _tune(tb, store, out, "--max-runs", "3")

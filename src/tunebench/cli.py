@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--prices", help="price sheet YAML replacing the shipped one (objective cost, $ on the front)")
     tu.add_argument("--resume", metavar="TUNE_ID", help="continue a tune (its settings and budget as stored)")
     tu.add_argument("--out", help="folder for best.yaml, pareto.png, tune.json (default ./tunebench-tune)")
+    tu.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a tunebench "
+                                                         "tune's")
     tu.add_argument("--json", action="store_true", help="print the tune's summary as JSON")
     tu.add_argument("--no-store", action="store_true", help=argparse.SUPPRESS)
     _store_arg(tu)

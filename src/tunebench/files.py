@@ -2,14 +2,19 @@
 
 A reader (or a crash) therefore sees the old file or the new one, never a half-written one. The
 temporary name starts with a dot and ends with ``.tmp-<pid>`` so a left-over one is recognisable.
+A folder of outputs (a report, a tune's) is claimed before any work and carries a manifest of what was
+written into it, so a user's own files are never overwritten.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from tunebench.errors import UserError
 
 
 def temp_beside(path: Path) -> Path:
@@ -33,3 +38,34 @@ def write_text(path: str | Path, text: str) -> Path:
         tmp.write_text(text)
     return Path(path)
 
+
+
+def claim_folder(out: Path, manifest: str, what: str, force: bool = False) -> None:
+    """Refuse a folder that is not ours to write `what` into: a file, the root, or a folder holding someone
+    else's files (one without our `manifest`, unless forced); then create it. Called before any work."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"invalid out={out}: is a file; give a folder for the {what}")
+    if out.resolve() == Path(out.resolve().anchor):
+        raise UserError(f"invalid out={out}: the root folder; give a folder of its own for the {what}")
+    if out.is_dir() and any(out.iterdir()) and not (out / manifest).is_file() and not force:
+        raise UserError(f"invalid out={out}: the folder holds files that are not a tunebench {what}; give a new or "
+                        "empty folder, or --force to write into it anyway")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"invalid out={out}: cannot be created ({err.strerror or err})") from None
+
+
+def replace_manifest(out: Path, manifest: str, written: list[Path]) -> None:
+    """Record what was written into `out`; remove what the previous writer listed and this one did not."""
+    names = sorted({p.relative_to(out).as_posix() for p in written})
+    old = out / manifest
+    if old.is_file():
+        try:
+            previous = json.loads(old.read_text()).get("files", [])
+        except (ValueError, AttributeError):
+            previous = []
+        for stale in set(previous) - set(names):
+            if "/" not in stale.replace("publish/", "", 1) and not stale.startswith(".."):
+                (out / stale).unlink(missing_ok=True)
+    write_text(old, json.dumps({"files": names}, indent=1))

@@ -62,7 +62,8 @@ def known() -> str:
 
 def gpu_named(name: str) -> Gpu:
     """A catalog GPU by its --gpu name (H100-80GB), or by a driver-reported name (NVIDIA H100 80GB HBM3)."""
-    found = _BY_NAME.get(name.strip().lower()) or match(name)
+    # a name is one printable line: "H100\nrm -rf" must not pass as an H100 because it contains one
+    found = _BY_NAME.get(name.strip().lower()) or (match(name) if name.isprintable() else None)
     if found is None:
         raise UserError(f"unknown GPU {name!r}: known GPUs are {known()}")
     return found

@@ -22,7 +22,7 @@ from tunebench.api.runs import run
 from tunebench.api.sweep import new_sweep_id, sweep_lock
 from tunebench.config import RunConfig
 from tunebench.errors import UserError
-from tunebench.files import write_text
+from tunebench.files import claim_folder, replace_manifest, write_text
 from tunebench.launch.isolated import Isolated
 from tunebench.plan import Prediction, predict
 from tunebench.record import ResultRecord
@@ -31,6 +31,7 @@ from tunebench.tune import Candidate, Objective, Point, Space, Tuner, front
 from tunebench.tune.search import key
 from tunebench.tune.space import describe, world_of
 
+MANIFEST = ".tunebench-tune.json"  # what a tune wrote into its folder (files.claim_folder)
 PLAN_FOR_CPU = "H100-80GB"  # on a machine without a GPU, candidates are ranked by this GPU's model
 
 
@@ -150,9 +151,11 @@ def _resume(store: str | Path, tune_id: str) -> tuple[Settings, float, list[Resu
 
 
 def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: str | None = None,
-         on_event: Callable[[str], None] | None = None, budget: dict[str, Any] | None = None) -> TuneResult:
+         on_event: Callable[[str], None] | None = None, budget: dict[str, Any] | None = None,
+         force: bool = False) -> TuneResult:
     """Tune `settings.base` on this machine (or resume the tune `resume`, its budget replaced by `budget`'s
-    max_runs / max_minutes where given), storing every run under one id."""
+    max_runs / max_minutes where given), storing every run under one id. `out` is claimed first: a folder
+    holding someone else's files is refused (unless `force`) before anything runs."""
     say = on_event or (lambda line: None)
     done: list[ResultRecord] = []
     used = 0.0
@@ -162,6 +165,7 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
     check_store(store)
     assert settings is not None
     check_settings(settings)
+    claim_folder(Path(out), MANIFEST, "tune output", force)
     gpu, gpu_name = _machine_gpu()
     space = settings.space
     if not importlib.util.find_spec("deepspeed"):
@@ -269,7 +273,7 @@ def write_outputs(result: TuneResult, out: Path) -> dict[str, Path]:
 
     from tunebench.report.plots import pareto
 
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)  # claimed by tune() before it ran
     best = best_config(result)
     defaults = RunConfig().model_dump()
     fields = {k: v for k, v in best.model_dump().items() if v != defaults[k] or k == "model"}
@@ -280,6 +284,7 @@ def write_outputs(result: TuneResult, out: Path) -> dict[str, Path]:
     if plot:
         files["pareto"] = plot
     files["summary"] = write_text(out / "tune.json", json.dumps(summary(result), indent=2))
+    replace_manifest(out, MANIFEST, list(files.values()))
     return files
 
 

@@ -71,7 +71,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         api.check_settings(settings)
     out = args.out or "tunebench-tune"
     budget = {k: v for k, v in (("max_runs", args.max_runs), ("max_minutes", args.max_minutes)) if v is not None}
-    result = api.tune(settings, store, out, resume=args.resume, on_event=say, budget=budget if args.resume else None)
+    result = api.tune(settings, store, out, resume=args.resume, on_event=say, budget=budget if args.resume else None,
+                      force=args.force)
     if args.json:
         print(json.dumps(api.summary(result), indent=2), file=args.stdout)
     else:

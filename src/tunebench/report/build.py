@@ -11,12 +11,10 @@ and files a previous report wrote but this one does not are removed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tunebench.document import Figure, Section
-from tunebench.errors import UserError
-from tunebench.files import write_text
+from tunebench.files import claim_folder, replace_manifest, write_text
 from tunebench.record import ResultRecord
 from tunebench.report import sections
 from tunebench.report.context import ReportContext
@@ -29,17 +27,7 @@ MANIFEST = ".tunebench-report.json"
 
 def prepare_out(out: Path, force: bool = False) -> None:
     """Refuse a folder that is not ours to write: a file, the root, or a folder holding someone else's files."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"invalid out={out}: is a file; give a folder for the report")
-    if out.resolve() == Path(out.resolve().anchor):
-        raise UserError(f"invalid out={out}: the root folder; give a folder of its own for the report")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file() and not force:
-        raise UserError(f"invalid out={out}: the folder holds files that are not a tunebench report; give a new or "
-                        "empty folder, or --force to write into it anyway")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"invalid out={out}: cannot be created ({err.strerror or err})") from None
+    claim_folder(out, MANIFEST, "report", force)
 
 
 def build(records: list[ResultRecord], out: Path, prices: list[Offering], names: dict[str, str] | None = None,
@@ -67,20 +55,5 @@ def write_report(records: list[ResultRecord], out: Path, prices: list[Offering],
         (out / "publish").mkdir(exist_ok=True)
         written += [publish_one(r, out / "publish", (names or {}).get(r.config_hash)) for r in records
                     if r.kind == "train"]
-    _replace_manifest(out, written)
+    replace_manifest(out, MANIFEST, written)
     return written
-
-
-def _replace_manifest(out: Path, written: list[Path]) -> None:
-    """Record what this report wrote; remove what the previous one wrote and this one did not."""
-    names = sorted({p.relative_to(out).as_posix() for p in written})
-    old = out / MANIFEST
-    if old.is_file():
-        try:
-            previous = json.loads(old.read_text()).get("files", [])
-        except (ValueError, AttributeError):
-            previous = []
-        for stale in set(previous) - set(names):
-            if "/" not in stale.replace("publish/", "", 1) and not stale.startswith(".."):
-                (out / stale).unlink(missing_ok=True)
-    write_text(old, json.dumps({"files": names}, indent=1))
