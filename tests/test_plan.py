@@ -238,6 +238,10 @@ def test_plan_reads_a_train_config(tb, tmp_path):
     (("--gpu", "H300"), "unknown GPU 'H300': known GPUs are B200,"),
     ((), "no GPU detected on this machine: name the GPU to plan for with --gpu"),
     (("--gpu", "H100", "--model", "gpt-neox-20b"), "invalid model=gpt-neox-20b"),
+    (("--gpu", "H100\nrm -rf /"), "unknown GPU 'H100\\nrm -rf /'"),  # one printable line, not "contains H100"
+    (("--gpu", "H100", "--compare", "--strategies", "ddp,bogus"), "invalid strategies=bogus: choose from single,"),
+    (("--gpu", "H100", "--strategy", "fsdp", "--compile", "--compile-scope", "model"),
+     "invalid compile_scope=model with strategy=fsdp"),
 ])
 def test_plan_bad_input_is_one_line(tb, args, message):
     code, _, err = tb("plan", *args, "--no-store")

@@ -161,7 +161,8 @@ def test_tune_measures_stores_and_writes_the_best(tb, tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (("--max-runs", "0"), "invalid max_runs=0: the budget must allow at least one run"),
-    (("--max-minutes", "0"), "invalid max_minutes=0: the budget must be more than zero minutes"),
+    (("--max-minutes", "0"), "invalid max_minutes=0: the budget must be a finite number of minutes above zero"),
+    (("--max-minutes", "inf"), "invalid max_minutes=inf: the budget must be a finite number of minutes"),
     (("--objective", "speed"), "invalid objective=speed: choose from throughput, cost, memory"),
     (("--objective", "cost"), "objective cost needs a price per GPU-hour for this machine (no GPU)"),
     (("--fixed", "compile,colour"), "invalid fixed=colour: choose from strategy, checkpointing"),

@@ -72,6 +72,9 @@ def plan(cfg: RunConfig, gpu: str | None = None, world: int | None = None,
 def compare(cfg: RunConfig, gpu: str | None = None, worlds: list[int] | None = None,
             strategies: list[str] | None = None, store: str | Path | None = None) -> list[Row]:
     """The configuration under each strategy and world size; a strategy that refuses it says why."""
+    unknown = [n for n in strategies or [] if n not in STRATEGIES]
+    if unknown:
+        raise UserError(f"invalid strategies={','.join(unknown)}: choose from {', '.join(STRATEGIES)}")
     target, _ = target_gpu(gpu)
     measured = measured_hw(store, target)
     rows = []

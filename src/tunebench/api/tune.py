@@ -9,6 +9,7 @@ where a killed tune stopped, with what is left of its budget.
 from __future__ import annotations
 
 import importlib.util
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -83,8 +84,9 @@ class TuneResult:
 def check_settings(s: Settings) -> None:
     if s.max_runs < 1:
         raise UserError(f"invalid max_runs={s.max_runs}: the budget must allow at least one run")
-    if not s.max_minutes > 0:
-        raise UserError(f"invalid max_minutes={s.max_minutes:g}: the budget must be more than zero minutes")
+    if not 0 < s.max_minutes < math.inf:
+        raise UserError(f"invalid max_minutes={s.max_minutes:g}: the budget must be a finite number of minutes "
+                        "above zero")
     if s.warmup < 1 or s.timed < 3:
         raise UserError("invalid steps: a candidate needs at least 1 warmup step and 3 timed steps")
 
