@@ -188,7 +188,8 @@ def test_qlora_merge_dequantizes(tb, local, tmp_path):
 
 @pytest.mark.parametrize("extra,needle", [
     (["--data", "/no/such/data.jsonl"], "does not exist"),
-    (["--data", "{empty}"], "empty"),
+    (["--data", "{empty}"], "the file is empty"),
+    (["--text-field", ""], "invalid text_field="),
     (["--data", "{fields}"], "the data has: question, answer"),
     (["--data", "{roles}"], "unknown role 'wizard'"),
     (["--model", "tiny-llama"], "no tokenizer"),

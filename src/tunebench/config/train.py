@@ -28,10 +28,10 @@ class TrainConfig(RunConfig):
                                        "or a folder written by datasets' save_to_disk")
     data_format: DataFormat = Field("auto", description="text, pairs (prompt/completion) or chat (messages); auto "
                                                         "looks at the fields")
-    text_field: str = "text"
-    prompt_field: str = "prompt"
-    completion_field: str = "completion"
-    messages_field: str = "messages"
+    text_field: str = Field("text", min_length=1)
+    prompt_field: str = Field("prompt", min_length=1)
+    completion_field: str = Field("completion", min_length=1)
+    messages_field: str = Field("messages", min_length=1)
     train_on_prompt: bool = Field(False, description="pairs and chat: also train on the prompt / non-assistant tokens")
     packing: bool | None = Field(None, description="pack several examples into one seq_len row (default: on for "
                                                    "text, off for pairs and chat)")

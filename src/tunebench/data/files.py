@@ -41,6 +41,8 @@ def load(path_text: str, what: str = "data"):
     path = Path(path_text).expanduser()
     if not path.exists():
         raise UserError(f"invalid {what}={path_text}: does not exist")
+    if path.is_file() and path.stat().st_size == 0:
+        raise UserError(f"invalid {what}={path_text}: the file is empty")
     try:
         if _is_saved_dataset(path):
             ds = datasets.load_from_disk(str(path))
