@@ -31,6 +31,20 @@ def test_gpt2_small_full_training():
     assert "6*N_matmul" in f.formula
 
 
+def test_full_attention_mfu_as_the_references_count_it():
+    """PaLM / torchtitan: 6N + 12*L*H*head_dim*S; stored beside our causal MFU as mfu_noncausal."""
+    f = _flops("tinygpt-124m", RunConfig(model="tinygpt-124m", seq_len=2048))
+    assert f.model_noncausal == 6 * GPT2_N + 12 * 12 * 12 * 64 * 2048
+    from tunebench.metrics.aggregate import combine_ranks
+    from tunebench.record import RankFigures
+
+    rank = RankFigures(rank=0, timed_steps=10, tokens=16384 * 10, samples=80, wall_s=1.0, step_times=[0.1] * 10)
+    m = combine_ranks([rank], [1.0], f, 989e12)
+    assert m.mfu == pytest.approx(f.model * m.tokens_per_s_per_gpu / 989e12)
+    assert m.mfu_noncausal == pytest.approx(f.model_noncausal * m.tokens_per_s_per_gpu / 989e12)
+    assert m.mfu_noncausal > m.mfu
+
+
 def test_gpt2_small_hfu_with_checkpointing():
     f = _flops("tinygpt-124m", RunConfig(model="tinygpt-124m", seq_len=1024, grad_ckpt=True))
     attn = 6 * 12 * 12 * 64 * 1024

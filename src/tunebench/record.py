@@ -148,6 +148,7 @@ class TrainMetrics(BaseModel):
     peak_flops: float | None = None  # dense bf16 FLOP/s of the GPU, from the table in metrics/flops.py
     mfu: float | None = None
     hfu: float | None = None
+    mfu_noncausal: float | None = None  # the references' convention: attention counted as the full S x S product
     setup_s: float | None = None  # start of the run to its first step
     loss_first: float | None = None
     loss_last: float | None = None

@@ -66,4 +66,5 @@ def combine_ranks(ranks: list[RankFigures], losses: list[float], flops: FlopsPer
         if m.tokens_per_s_per_gpu:
             m.mfu = utilization(flops.model, m.tokens_per_s_per_gpu, peak)
             m.hfu = utilization(flops.hardware, m.tokens_per_s_per_gpu, peak)
+            m.mfu_noncausal = utilization(flops.model_noncausal, m.tokens_per_s_per_gpu, peak)
     return m

@@ -4,6 +4,9 @@ Training where all weights get gradients: 6*N_matmul + 6*L*H*head_dim*S (PaLM ap
 torchtitan; the attention term is for causal attention, half of the full S x S product).
 LoRA / QLoRA: the frozen base gets no weight gradient, so its matmuls cost forward + input-gradient:
 4*N_frozen + 6*N_trainable + the same attention term.
+MFU in the references' convention (PaLM's 6N + 12*L*H*head_dim*S, torchtitan, llm-foundry) counts the full
+S x S attention product: `mfu_noncausal`, beside ours, so figures compare with theirs (higher by the attention
+term's share).
 HFU also counts what is computed again: with activation checkpointing each checkpointed block's forward
 (2*N_blocks + 2*L*H*head_dim*S, times the share of blocks checkpointed), and, where the head cannot use
 the fused loss (a LoRA-wrapped head), the chunked loss's second head forward (2*N_head).
@@ -32,6 +35,11 @@ class FlopsPerToken:
     n_frozen: int
     n_trainable: int
     attention: float
+
+    @property
+    def model_noncausal(self) -> float:
+        """The MFU numerator with the full (non-causal) attention product, as PaLM and torchtitan count it."""
+        return self.model + self.attention
 
 
 def _matmul_size(m: nn.Module) -> int:

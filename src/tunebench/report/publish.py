@@ -35,6 +35,7 @@ def publish(rec: ResultRecord, out: Path, name: str | None = None) -> Path:
         ("step time p50 / p90 / p99", step_times(m.step_time_s)),
         ("peak memory allocated / reserved", f"{gib(m.peak_mem_allocated_bytes)} / {gib(m.peak_mem_reserved_bytes)}"),
         ("MFU / HFU", f"{pct(m.mfu)} / {pct(m.hfu)}"),
+        ("MFU, full-attention FLOPs (PaLM, torchtitan)", pct(m.mfu_noncausal)),
         ("FLOPs per token", m.flops_formula or "-"),
         ("timed steps / warmup", f"{m.timed_steps} / {c.get('warmup')}"),
         ("setup", "-" if m.setup_s is None else f"{m.setup_s:.1f} s"),

@@ -28,7 +28,9 @@ def run_table(rec: ResultRecord) -> Table:
     t.add("peak memory alloc/reserved", f"{gib(m.peak_mem_allocated_bytes)} / {gib(m.peak_mem_reserved_bytes)}"
                                         f"  (NVML used {gib(m.nvml_mem_used_bytes)})")
     t.add("peak host RSS", gib(m.peak_rss_bytes))
-    t.add("MFU / HFU", "-" if m.mfu is None else f"{pct(m.mfu)} / {pct(m.hfu)}")
+    t.add("MFU / HFU", "-" if m.mfu is None else f"{pct(m.mfu)} / {pct(m.hfu)}" + (
+        f"  (MFU with full-attention FLOPs, as PaLM and torchtitan count: {pct(m.mfu_noncausal)})"
+        if m.mfu_noncausal is not None else ""))
     t.add("FLOPs/token", fmt(m.flops_per_token, ".3e"))
     t.add("params trainable/total", f"{fmt(m.params_trainable, ',.0f')} / {fmt(m.params_total, ',.0f')}")
     t.add("setup", fmt(m.setup_s, ".1f", unit=" s") + f"  (weights: {m.weights or '-'})")
