@@ -21,6 +21,7 @@
 #   bash benchmarks/gpu_proof.sh plancheck # issue 16: configurations the planner never saw, on an H100 (out of sample)
 #   bash benchmarks/gpu_proof.sh hw100     # issue 16: the H100's matmul ceiling and bandwidth, for the planner
 #   bash benchmarks/gpu_proof.sh attn1     # the registered SDPA on every path of one GPU: decode, FSDP2, ZeRO-2
+#   bash benchmarks/gpu_proof.sh free7b    # issue 14: Mistral-7B QLoRA memory free (no checkpointing), per block vs whole
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -187,6 +188,15 @@ attn1)
   for s in fsdp zero2; do
     tb run --model llama-3.2-1b --method full --strategy $s --nproc-per-node 1 --seq-len 1024 --batch-size 4 \
       --steps 12 --warmup 4 --optimizer adamw_fused --tag gpu-proof-attn 2>&1 | grep -v "step [0-9]*/"
+  done
+  ;;
+free7b)
+  export CUDA_VISIBLE_DEVICES=0
+  for shape in "--batch-size 8" "--batch-size 16"; do
+    for scope in blocks model; do
+      tb run --model mistral-7b --method qlora --seq-len 512 $shape --no-grad-ckpt --optimizer adamw_fused \
+        --steps 30 --warmup 10 --compile --compile-scope $scope --tag gpu-proof-free7b 2>&1 | grep -v "step [0-9]*/"
+    done
   done
   ;;
 llama8b)
