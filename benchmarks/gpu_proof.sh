@@ -192,9 +192,9 @@ attn1)
   ;;
 free7b)
   export CUDA_VISIBLE_DEVICES=0
-  for shape in "--batch-size 8" "--batch-size 16"; do
-    for scope in blocks model; do
-      tb run --model mistral-7b --method qlora --seq-len 512 $shape --no-grad-ckpt --optimizer adamw_fused \
+  for batch in ${BATCHES:-8 16}; do
+    for scope in ${SCOPES:-blocks model}; do
+      tb run --model mistral-7b --method qlora --seq-len 512 --batch-size $batch --no-grad-ckpt --optimizer adamw_fused \
         --steps 30 --warmup 10 --compile --compile-scope $scope --tag gpu-proof-free7b 2>&1 | grep -v "step [0-9]*/"
     done
   done
