@@ -95,20 +95,11 @@ def side_plain(a: argparse.Namespace, compiled: bool, drop: float) -> dict:
         opt.zero_grad(set_to_none=True)
         return loss
 
-    t0 = time.perf_counter()
-    for _ in range(a.warmup):
-        step()
-    sync()
-    setup = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(a.steps - a.warmup):
-        loss = step()
-    sync()
-    elapsed = time.perf_counter() - t0
+    warmup_s, tokens_per_s, loss = bare_loop(step, a, sync)
     out = {"side": "plain" + ("-compile" if compiled else "") + ("" if drop else "-nodrop"), "status": "ok",
-           "tokens_per_s": (a.steps - a.warmup) * a.batch_size * a.seq_len / elapsed,
+           "tokens_per_s": tokens_per_s,
            "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None, "loss_last": float(loss),
-           "warmup_s": setup}
+           "warmup_s": warmup_s}
     if a.profile and cuda:
         out["profile"] = profile(step)
     return out
@@ -134,25 +125,30 @@ def side_ours(a: argparse.Namespace, scope: str | None) -> dict:
     if rec.status == "ok" and a.device == "cuda":
         # the harness's overhead: the same step (same kernels, same graphs) in a bare loop, in this process
         step = _our_step(cfg)
-        out["bare_tokens_per_s"] = bare_loop(step, a)
+        out["bare_tokens_per_s"] = bare_loop(step, a)[1]
         out["harness_overhead"] = 1 - m.tokens_per_s / out["bare_tokens_per_s"]
         if a.profile:
             out["profile"] = profile(step)
     return out
 
 
-def bare_loop(step: Callable[[], object], a: argparse.Namespace) -> float:
-    """tokens/s of `step` run back to back: warmup steps, then the timed ones between two synchronizations."""
-    import torch
+def bare_loop(step: Callable[[], object], a: argparse.Namespace,
+              sync: Callable[[], None] | None = None) -> tuple[float, float, object]:
+    """`step` run back to back: seconds of the warmup steps, tokens/s of the timed ones between two syncs,
+    and what the last step returned."""
+    if sync is None:
+        import torch
 
+        sync = torch.cuda.synchronize
+    t0 = time.perf_counter()
     for _ in range(a.warmup):
         step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    sync()
+    t1 = time.perf_counter()
     for _ in range(a.steps - a.warmup):
-        step()
-    torch.cuda.synchronize()
-    return (a.steps - a.warmup) * a.batch_size * a.seq_len / (time.perf_counter() - t0)
+        last = step()
+    sync()
+    return t1 - t0, (a.steps - a.warmup) * a.batch_size * a.seq_len / (time.perf_counter() - t1), last
 
 
 def _our_step(cfg) -> Callable[[], object]:

@@ -105,21 +105,18 @@ def test_weights_and_adapters_match_the_built_model(method):
     assert weights == pytest.approx(_param_bytes(model), rel=0.02 if method == "qlora" else 1e-9)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_block_activations_match_what_autograd_saves(tmp_path, precision):
-    """Without autocast (DeepSpeed's bf16, or fp32) the CPU saves what the GPU saves: counted per block."""
-    from tunebench.engine.model import CausalLMWithLoss, transformer_blocks
-    from tunebench.models import resolve_model
-    from tunebench.models.build import Weights, build
-
+def _small_llama(tmp_path: Path) -> str:
     cfg_json = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
                 "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
                 "max_position_embeddings": 1024}
     (tmp_path / "config.json").write_text(json.dumps(cfg_json))
-    spec = resolve_model(str(tmp_path))
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model, _ = build(spec, Weights(dtype=dtype), torch.device("cpu"))
-    model.train()
+    return str(tmp_path)
+
+
+def _saved_per_token(model, seq: int, autocast: bool = False) -> float:
+    """Bytes per token that autograd keeps for the second block (parameters left out), batch 2 x `seq`."""
+    from tunebench.engine.model import CausalLMWithLoss, transformer_blocks
+
     blocks = transformer_blocks(model, 2)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
@@ -133,13 +130,26 @@ def test_block_activations_match_what_autograd_saves(tmp_path, precision):
             seen[st.data_ptr()] = st.nbytes()
         return t
 
-    seq = 256
     ids = torch.randint(0, 512, (2, seq))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         CausalLMWithLoss(model, 512)(ids, ids)
-    measured = sum(seen.values()) / (2 * seq)
+    return sum(seen.values()) / (2 * seq)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_block_activations_match_what_autograd_saves(tmp_path, precision):
+    """Without autocast (DeepSpeed's bf16, or fp32) the CPU saves what the GPU saves: counted per block."""
+    from tunebench.models import resolve_model
+    from tunebench.models.build import Weights, build
+
+    path = _small_llama(tmp_path)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model, _ = build(resolve_model(path), Weights(dtype=dtype), torch.device("cpu"))
+    seq = 256
+    measured = _saved_per_token(model.train(), seq)
     strategy = "zero2" if precision == "bf16" else "single"  # DeepSpeed runs bf16 without autocast
-    w = workload(RunConfig(model=str(tmp_path), precision=precision, strategy=strategy, seq_len=seq), 1)
+    w = workload(RunConfig(model=path, precision=precision, strategy=strategy, seq_len=seq), 1)
     assert activations(w).per_layer == pytest.approx(measured, rel=0.03)
 
 
@@ -147,40 +157,20 @@ def test_block_activations_match_what_autograd_saves(tmp_path, precision):
 def test_lora_block_activations_match_what_autograd_saves(tmp_path, autocast):
     """LoRA on a bf16 base, under autocast with fp32 adapters (single, DDP, FSDP2) or all bf16 without autocast
     (DeepSpeed's bf16 engine casts the adapters too): neither keeps a copy of an adapter's input."""
-    from tunebench.engine.model import CausalLMWithLoss, transformer_blocks
     from tunebench.methods import apply_method
     from tunebench.models import resolve_model
     from tunebench.models.build import Weights, build
 
-    cfg_json = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
-                "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
-                "max_position_embeddings": 1024}
-    (tmp_path / "config.json").write_text(json.dumps(cfg_json))
-    cfg = RunConfig(model=str(tmp_path), method="lora", precision="bf16", seq_len=256, batch_size=2,
+    path = _small_llama(tmp_path)
+    cfg = RunConfig(model=path, method="lora", precision="bf16", seq_len=256, batch_size=2,
                     strategy="single" if autocast else "zero2")
-    model, _ = build(resolve_model(str(tmp_path)), Weights(dtype=torch.bfloat16), torch.device("cpu"))
+    model, _ = build(resolve_model(path), Weights(dtype=torch.bfloat16), torch.device("cpu"))
     model = apply_method(model, cfg)
     model = model.train() if autocast else model.to(torch.bfloat16).train()
-    blocks = transformer_blocks(model, 2)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-    inside = [False]
-    blocks[1].register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
-    blocks[1].register_forward_hook(lambda *a: inside.__setitem__(0, False))
-
-    def pack(t):
-        st = t.untyped_storage()
-        if inside[0] and st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    ids = torch.randint(0, 512, (2, 256))
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        CausalLMWithLoss(model, 512)(ids, ids)
+    measured = _saved_per_token(model, 256, autocast)
     w = workload(cfg, 1)
     assert w.autocast == autocast
-    assert activations(w).per_layer == pytest.approx(sum(seen.values()) / (2 * 256), rel=0.04)
+    assert activations(w).per_layer == pytest.approx(measured, rel=0.04)
 
 
 def test_plan_prints_the_verdict_breakdown_and_time(tb):

@@ -27,12 +27,27 @@ def store_of(args: argparse.Namespace):
     return None if getattr(args, "no_store", False) else (args.store or default_store_path())
 
 
+def print_record(rec, args: argparse.Namespace) -> None:
+    """A finished run or job on stdout: JSON or its table, then (--print-result) the marked line `collect` reads."""
+    from tunebench.console import print_table
+    from tunebench.report.views import run_table
+
+    if args.json:
+        print(rec.model_dump_json(indent=2), file=args.stdout)
+    else:
+        print_table(run_table(rec), args.stdout)
+    if args.print_result:
+        from tunebench.deploy.command import marked
+
+        print(marked(rec.model_dump_json()), file=args.stdout, flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config_from(args)  # bad input is refused here, before torch is even imported
     sizes, store = world_sizes(args.gpus), store_of(args)
     from tunebench import api
     from tunebench.console import print_table, say
-    from tunebench.report.views import run_table, scaling_table
+    from tunebench.report.views import scaling_table
 
     if sizes:
         records = api.run_scaling(cfg, sizes, store, progress=True)
@@ -45,16 +60,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if rec is None:
         say("rank 0 ran on another node: its record is in that node's store")
         return 0
-    if args.json:
-        print(rec.model_dump_json(indent=2), file=args.stdout)
-    else:
-        print_table(run_table(rec), args.stdout)
-    if args.print_result:
-        from tunebench.deploy.command import marked
-
-        print(marked(rec.model_dump_json()), file=args.stdout, flush=True)
-        if rec.saved_to:
-            say(f"stored {rec.id} in {rec.saved_to}")
+    print_record(rec, args)
+    if args.print_result and rec.saved_to:
+        say(f"stored {rec.id} in {rec.saved_to}")
     return 0 if rec.status == "ok" else 1
 
 
