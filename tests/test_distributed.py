@@ -1,5 +1,6 @@
 """Distributed runs on CPU: 2 processes under torchrun with gloo, for every strategy."""
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -72,11 +73,20 @@ def test_same_losses_as_single(tmp_path, single_losses, strategy):
 
 def test_two_nodes_on_one_machine(tmp_path):
     store, port = tmp_path / "r.db", free_port()
+    # --timeout bounds the rendezvous and the collectives: a stuck node fails the run instead of hanging
     cmd = [sys.executable, "-m", "tunebench.cli", "run", *DIST, "--strategy", "ddp", "--nnodes", "2",
-           "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--store", str(store)]
+           "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--store", str(store), "--timeout", "120"]
     procs = [subprocess.Popen(cmd + ["--node-rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for r in (0, 1)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    except subprocess.TimeoutExpired:  # end both nodes with their torchrun and ranks: no later test meets them
+        tree = [q for p in procs for q in [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]]
+        for q in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                q.kill()
+        outs = [p.communicate() for p in procs]
+        pytest.fail("two nodes did not finish in 300 s:\n" + outs[0][1][-2000:] + outs[1][1][-2000:])
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     printed = [json.loads(o) for o, _ in outs if o.strip()]  # the node whose launcher held rank 0
     assert len(printed) == 1
