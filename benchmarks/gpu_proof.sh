@@ -22,6 +22,9 @@
 #   bash benchmarks/gpu_proof.sh hw100     # issue 16: the H100's matmul ceiling and bandwidth, for the planner
 #   bash benchmarks/gpu_proof.sh attn1     # the registered SDPA on every path of one GPU: decode, FSDP2, ZeRO-2
 #   bash benchmarks/gpu_proof.sh free7b    # issue 14: Mistral-7B QLoRA memory free (no checkpointing), per block vs whole
+#   bash benchmarks/gpu_proof.sh pure1     # issue 14: bf16-pure vs bf16 (GPT-2 vs plain compile, Llama-3.2-1B)
+#   bash benchmarks/gpu_proof.sh auto1     # issue 14: defaults (compile auto) on TinyGPT and the seeds' QLoRA
+#   bash benchmarks/gpu_proof.sh meta4     # issue 15: Llama-3-70B LoRA FSDP2 built on meta (4 GPUs), Llama-3-8B
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -198,6 +201,37 @@ free7b)
         --steps 30 --warmup 10 --compile --compile-scope $scope --tag gpu-proof-free7b 2>&1 | grep -v "step [0-9]*/"
     done
   done
+  ;;
+pure1)
+  export CUDA_VISIBLE_DEVICES=0
+  python3 benchmarks/vs_plain_gpt.py --sides ${SIDES:-plain-compile,ours-model,ours-model-pure,ours-blocks,ours-blocks-pure} \
+    --out "$OUT/vs_plain_gpt_pure.json"
+  for precision in bf16 bf16-pure; do
+    tb run --model llama-3.2-1b --method full --seq-len 2048 --batch-size 4 --grad-ckpt --optimizer adamw_fused \
+      --precision $precision --steps 25 --warmup 10 --tag gpu-proof-pure 2>&1 | grep -v "step [0-9]*/"
+  done
+  ;;
+auto1)
+  # nothing said about compile: auto turns it on for GPU training; compile_s is reported apart
+  export CUDA_VISIBLE_DEVICES=0
+  tb run --model tinygpt-124m --seq-len 2048 --batch-size 8 --optimizer adamw_fused --steps 30 --warmup 10 \
+    --tag gpu-proof-auto 2>&1 | grep -v "step [0-9]*/"
+  tb run --model mistral-7b --method qlora --seq-len 512 --batch-size 8 --grad-ckpt --optimizer paged_adamw_8bit \
+    --steps 30 --warmup 10 --tag gpu-proof-auto 2>&1 | grep -v "step [0-9]*/"
+  ;;
+meta4)
+  # 70.6 B parameters (141 GB in bf16, more than one GPU holds whole with room to train): built on meta, each
+  # rank makes its own shard; nvidia-smi while it builds shows no GPU ever holding the whole model
+  ( for i in $(seq 1 120); do nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits \
+      | tr '\n' ' '; echo; sleep 2; done ) > "$OUT/meta4-nvidia-smi.txt" 2>&1 &
+  SMI=$!
+  tb run --model llama-3-70b --method lora --strategy fsdp --nproc-per-node 4 --seq-len 2048 --batch-size ${BATCH:-4} \
+    --grad-ckpt --optimizer adamw_fused --steps 10 --warmup 4 --run-timeout 420 --tag gpu-proof-meta4 \
+    2>&1 | grep -v "step [0-9]*/"
+  kill $SMI 2>/dev/null
+  [ -n "${WITH8B:-}" ] && tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 \
+    --batch-size 2 --grad-ckpt --steps 12 --warmup 4 --optimizer adamw_fused --tag gpu-proof-meta4 2>&1 \
+    | grep -v "step [0-9]*/"
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

@@ -7,7 +7,7 @@ causal attention, fp32 weights under bf16 autocast, fused AdamW, gradient clippi
 same shapes, optimizer and clipping. Each side runs in its own fresh process, one after the other in this one
 job on the same GPU; only the steps after `warmup` are timed.
 
-    python benchmarks/vs_plain_gpt.py [--sides plain,plain-compile,ours,ours-blocks,ours-model] [--profile]
+    python benchmarks/vs_plain_gpt.py [--sides plain,plain-compile,ours,ours-blocks,ours-model,ours-model-pure] [--profile]
 
 `--profile` adds, per side, where the GPU time of 5 steps goes (matmuls, attention, fused Triton kernels,
 optimizer, other) from the PyTorch profiler, and the share of the step the GPU sat idle.
@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 GIB = 1024**3
-SIDES = ("plain", "plain-compile", "plain-nodrop", "plain-compile-nodrop", "ours", "ours-blocks", "ours-model")
+SIDES = ("plain", "plain-compile", "plain-nodrop", "plain-compile-nodrop", "ours", "ours-blocks", "ours-model",
+         "ours-pure", "ours-blocks-pure", "ours-model-pure")  # -pure: precision bf16-pure (bf16 weights, no autocast)
 VOCAB, LAYERS, HIDDEN, HEADS = 50257, 12, 768, 12
 
 
@@ -105,21 +106,22 @@ def side_plain(a: argparse.Namespace, compiled: bool, drop: float) -> dict:
     return out
 
 
-def _cfg(a: argparse.Namespace, scope: str | None):
+def _cfg(a: argparse.Namespace, scope: str | None, precision: str = "bf16"):
     from tunebench import RunConfig
 
     return RunConfig(model="tinygpt-124m", method="full", seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
-                     warmup=a.warmup, optimizer="adamw_fused", precision="bf16", grad_clip=1.0, device=a.device,
+                     warmup=a.warmup, optimizer="adamw_fused", precision=precision, grad_clip=1.0, device=a.device,
                      compile=scope is not None, compile_scope=scope or "auto", telemetry=False, tag=["vs_plain_gpt"])
 
 
-def side_ours(a: argparse.Namespace, scope: str | None) -> dict:
+def side_ours(a: argparse.Namespace, side: str) -> dict:
     from tunebench import run
 
-    cfg = _cfg(a, scope)
+    scope = side.removeprefix("ours").removesuffix("-pure").removeprefix("-") or None
+    cfg = _cfg(a, scope, "bf16-pure" if side.endswith("-pure") else "bf16")
     rec = run(cfg)
     m = rec.metrics
-    out = {"side": "ours" + (f"-{scope}" if scope else ""), "status": rec.status, "error": rec.error,
+    out = {"side": side, "status": rec.status, "error": rec.error, "compile_s": m.compile_s,
            "tokens_per_s": m.tokens_per_s, "peak_alloc_gib": m.peak_mem_allocated_bytes / GIB
            if m.peak_mem_allocated_bytes else None, "loss_last": m.loss_last, "setup_s": m.setup_s, "mfu": m.mfu}
     if rec.status == "ok" and a.device == "cuda":
@@ -223,7 +225,7 @@ def _child(a: argparse.Namespace, side: str) -> dict:
 def run_side(a: argparse.Namespace, side: str) -> dict:
     if side.startswith("plain"):
         return side_plain(a, compiled="compile" in side, drop=0.0 if side.endswith("nodrop") else 0.1)
-    return side_ours(a, None if side == "ours" else side.removeprefix("ours-"))
+    return side_ours(a, side)
 
 
 def main() -> None:

@@ -26,6 +26,9 @@ CASES = {
     "unknown lora target": (["--method", "lora", "--lora-targets", "qkv_fused"], "lora_targets"),
     "fp16 on cpu": (["--precision", "fp16"], "precision"),
     "flash on cpu": (["--attn", "flash"], "attn"),
+    "bf16-pure under deepspeed": (["--precision", "bf16-pure", "--strategy", "zero2"], "precision=bf16-pure with "
+                                                                                      "strategy=zero2"),
+    "compile neither on, off nor auto": (["--compile", "sometimes"], "compile=sometimes"),
     "unknown quant": (["--method", "qlora", "--quant", "int3"], "quant"),
     "unknown flag": (["--bogus", "1"], "--bogus"),
     "model path missing": (["--model", "/no/such/model/dir"], "does not exist"),

@@ -3,6 +3,11 @@
 import pytest
 
 from tunebench import RunConfig, run
+from tunebench.flags import config_from, parse_run
+from tunebench.format import label
+from tunebench.gpus import match
+from tunebench.plan import predict
+from tunebench.report.views import run_table
 from tunebench.strategies import STRATEGIES
 
 
@@ -42,6 +47,41 @@ def test_whole_model_compile_trains_as_eager():
     assert eager.status == whole.status == "ok", whole.error
     assert len(whole.metrics.losses) == 4
     assert whole.metrics.losses == pytest.approx(eager.metrics.losses, rel=1e-3)
+    # compile=auto is eager on the CPU; compiling is counted in setup and shown apart, never in a step time
+    assert eager.config["compile"] == "auto" and eager.metrics.compile_scope is None
+    assert eager.metrics.compile_s is None and "compile" not in label(eager)
+    assert whole.metrics.compile_scope == "model" and label(whole).endswith(" compile")
+    assert 0.5 < whole.metrics.compile_s <= whole.metrics.setup_s
+    assert whole.metrics.step_time_s.p99 < whole.metrics.compile_s  # not in the timed steps
+    assert any("compiled per model in" in cell for row in run_table(whole).rows for cell in row)
+
+
+@pytest.mark.parametrize("strategy,device,expected", [
+    ("single", "cuda", True), ("ddp", "cuda", True), ("fsdp", "cuda", True), ("zero2", "cuda", True),
+    ("zero3", "cuda", False),  # DeepSpeed's fetch hooks inside every block: never measured compiled
+    ("single", "cpu", False), ("ddp", "cpu", False),
+])
+def test_compile_auto_is_on_for_gpu_training(strategy, device, expected):
+    cfg = RunConfig(strategy=strategy)
+    assert cfg.compile == "auto" and cfg.resolved(device).compile is expected
+    assert RunConfig(strategy=strategy, compile=False).resolved(device).compile is False
+    assert RunConfig(strategy=strategy, compile=True).resolved(device).compile is True
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ((), "auto"), (("--compile",), True), (("--no-compile",), False), (("--compile", "auto"), "auto"),
+    (("--compile", "false"), False), (("--compile", "on", "--strategy", "ddp"), True),
+])
+def test_compile_flag_is_a_switch_that_takes_auto(flags, expected):
+    assert config_from(parse_run(list(flags))).compile == expected
+
+
+def test_plan_predicts_auto_as_compiled_on_gpus():
+    gpu = match("H100")
+    auto, eager = (predict(RunConfig(model="tinygpt-124m", seq_len=2048, batch_size=8, compile=c), gpu, 1)
+                   for c in ("auto", False))
+    assert auto.cfg.compile is True and eager.cfg.compile is False
+    assert auto.tokens_per_s > eager.tokens_per_s and auto.mem.peak_allocated < eager.mem.peak_allocated
 
 
 def test_whole_sequences_reach_sdpa_without_a_mask_when_traced():

@@ -186,3 +186,28 @@ def test_root_cause_prefers_the_killed_rank_over_torchruns_teardown():
         "Signal 9 (SIGKILL) received by PID 5", "RuntimeError: boom")
     assert root_cause([crashed])["rank"] == 0  # no rank died of a signal: torchrun's choice stands
     assert root_cause(["no summary here"]) is None
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    """tiny-llama with its own random weights saved as safetensors: a local model directory."""
+    from transformers import AutoModelForCausalLM
+
+    from tunebench.models import resolve_model
+
+    path = tmp_path_factory.mktemp("model")
+    AutoModelForCausalLM.from_config(resolve_model("tiny-llama").hf_config).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("method,weights", [("lora", "random"), ("full", "safetensors")])
+def test_fsdp_built_on_meta_starts_where_a_whole_build_does(tmp_path, saved_model, method, weights):
+    """FSDP2 builds the model on meta and makes each rank's rows only (random: drawn as a whole build draws
+    them; safetensors: read row range by row range). Same losses as DDP, which builds the whole model."""
+    model = saved_model if weights == "safetensors" else "tiny-llama"
+    argv = [*EQUIV[2:], "--method", method, "--model", model, "--nproc-per-node", "2", "--batch-size", "1"]
+    ddp, fsdp = (_run(tmp_path / f"{s}.db", *argv, "--strategy", s) for s in ("ddp", "fsdp"))
+    assert ddp["status"] == fsdp["status"] == "ok", fsdp["error"]
+    assert fsdp["metrics"]["weights"] == weights
+    assert abs(ddp["metrics"]["losses"][-1] - ddp["metrics"]["losses"][0]) > 3e-3  # it trains
+    assert fsdp["metrics"]["losses"] == pytest.approx(ddp["metrics"]["losses"], abs=1e-4)

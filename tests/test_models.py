@@ -15,6 +15,8 @@ from tunebench.models import PRESETS, build_model, load_meta_model, resolve_mode
     ("llama-3.2-1b", 1_235_814_400),
     ("mistral-7b", 7_248_023_552),
     ("llama-3-8b", 8_030_261_248),
+    ("llama-3-70b", 70_553_706_496),
+    ("llama-3.1-70b", 70_553_706_496),
 ])
 def test_preset_shapes_match_the_public_models(name, params):
     model = load_meta_model(resolve_model(name), RunConfig(model=name))  # meta: no memory

@@ -89,13 +89,14 @@ def _param_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+@pytest.mark.parametrize("precision", ["bf16", "bf16-pure"])
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])
-def test_weights_and_adapters_match_the_built_model(method):
+def test_weights_and_adapters_match_the_built_model(method, precision):
     from tunebench.engine.model import count_params
     from tunebench.methods import apply_method
     from tunebench.models import build_model, resolve_model
 
-    cfg = RunConfig(model="tiny-llama", method=method, precision="bf16", lora_targets=["q_proj", "down_proj"])
+    cfg = RunConfig(model="tiny-llama", method=method, precision=precision, lora_targets=["q_proj", "down_proj"])
     model, _ = build_model(resolve_model(cfg.model), cfg, torch.device("cpu"))
     model = apply_method(model, cfg)
     w = workload(cfg, 1)
@@ -103,6 +104,32 @@ def test_weights_and_adapters_match_the_built_model(method):
     weights = sum(i.bytes for i in plan.items if i.name.startswith(("weights", "LoRA", "quantization", "master")))
     assert w.trainable == count_params(model)[1]
     assert weights == pytest.approx(_param_bytes(model), rel=0.02 if method == "qlora" else 1e-9)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-pure"])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_gradients_and_optimizer_states_match_a_step(method, precision):
+    """After one real step: the gradients' and AdamW's bytes are what the planner counts (bf16-pure: half)."""
+    from tunebench.engine.model import CausalLMWithLoss
+    from tunebench.engine.optim import build_optimizer
+    from tunebench.engine.step import autocast
+    from tunebench.methods import apply_method
+    from tunebench.models import build_model, resolve_model
+
+    cfg = RunConfig(model="tiny-llama", method=method, precision=precision, optimizer="adamw_fused")
+    model, _ = build_model(resolve_model(cfg.model), cfg, torch.device("cpu"))
+    model = apply_method(model, cfg).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = build_optimizer(params, cfg)
+    ids = torch.randint(0, 1024, (2, 64))
+    with autocast(cfg, torch.device("cpu")):
+        CausalLMWithLoss(model, 1024)(ids, ids).backward()
+    opt.step()
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in params)
+    states = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values() if t.dim() > 0)
+    plan = memory(workload(cfg, 1))
+    assert plan.item("gradients") == grads
+    assert plan.item("optimizer states") == states
 
 
 def _small_llama(tmp_path: Path) -> str:
@@ -137,19 +164,24 @@ def _saved_per_token(model, seq: int, autocast: bool = False) -> float:
     return sum(seen.values()) / (2 * seq)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_block_activations_match_what_autograd_saves(tmp_path, precision):
-    """Without autocast (DeepSpeed's bf16, or fp32) the CPU saves what the GPU saves: counted per block."""
+@pytest.mark.parametrize("precision,strategy", [
+    ("bf16", "zero2"),  # DeepSpeed runs bf16 without autocast
+    ("bf16-pure", "single"),  # bf16 weights, no autocast
+    ("fp32", "single"),
+])
+def test_block_activations_match_what_autograd_saves(tmp_path, precision, strategy):
+    """Without autocast (DeepSpeed's bf16, bf16-pure, or fp32) the CPU saves what the GPU saves: counted per block."""
     from tunebench.models import resolve_model
-    from tunebench.models.build import Weights, build
+    from tunebench.models.build import Weights, build, train_weights
 
     path = _small_llama(tmp_path)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    cfg = RunConfig(model=path, precision=precision, strategy=strategy, seq_len=256, compile=False)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16  # what the engine (or DeepSpeed) trains
+    assert strategy != "single" or train_weights(cfg).dtype == dtype
     model, _ = build(resolve_model(path), Weights(dtype=dtype), torch.device("cpu"))
-    seq = 256
-    measured = _saved_per_token(model.train(), seq)
-    strategy = "zero2" if precision == "bf16" else "single"  # DeepSpeed runs bf16 without autocast
-    w = workload(RunConfig(model=path, precision=precision, strategy=strategy, seq_len=seq), 1)
+    measured = _saved_per_token(model.train(), 256)
+    w = workload(cfg, 1)
+    assert not w.autocast
     assert activations(w).per_layer == pytest.approx(measured, rel=0.03)
 
 
@@ -162,7 +194,7 @@ def test_lora_block_activations_match_what_autograd_saves(tmp_path, autocast):
     from tunebench.models.build import Weights, build
 
     path = _small_llama(tmp_path)
-    cfg = RunConfig(model=path, method="lora", precision="bf16", seq_len=256, batch_size=2,
+    cfg = RunConfig(model=path, method="lora", precision="bf16", seq_len=256, batch_size=2, compile=False,
                     strategy="single" if autocast else "zero2")
     model, _ = build(resolve_model(path), Weights(dtype=torch.bfloat16), torch.device("cpu"))
     model = apply_method(model, cfg)

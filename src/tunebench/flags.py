@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import types
-from typing import Any, NoReturn, Union, get_args, get_origin
+from typing import Any, Literal, NoReturn, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -25,6 +25,17 @@ def _is_bool(annotation: object) -> bool:
     return annotation is bool
 
 
+def _is_switch_or_word(annotation: object) -> bool:
+    """bool | Literal["auto"]: a switch that also takes a word (`--compile`, `--no-compile`, `--compile auto`)."""
+    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else ()
+    return bool in args and any(get_origin(a) is Literal for a in args)
+
+
+def _switch_or_word(value: str) -> bool | str:
+    low = value.strip().lower()
+    return {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}.get(low, low)
+
+
 def _is_list(annotation: object) -> bool:
     if get_origin(annotation) in (Union, types.UnionType):
         return any(_is_list(a) for a in get_args(annotation))
@@ -38,6 +49,11 @@ def add_config_flags(p: argparse.ArgumentParser, cls: type[BaseModel] = RunConfi
         help_ = field.description or ""
         if _is_bool(field.annotation):
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        elif _is_switch_or_word(field.annotation):
+            words = "|".join(w for a in get_args(field.annotation) if get_origin(a) is Literal for w in get_args(a))
+            p.add_argument(flag, dest=name, nargs="?", const=True, type=_switch_or_word, default=None,
+                           metavar=words, help=f"{help_} (default {field.default})")
+            p.add_argument("--no-" + flag[2:], dest=name, action="store_const", const=False, help=argparse.SUPPRESS)
         elif _is_list(field.annotation):
             p.add_argument(flag, dest=name, action="append", default=None, help=help_ + " (repeatable)")
         else:

@@ -40,13 +40,23 @@ def error_cell(rec: ResultRecord, limit: int = 80, last: bool = False) -> str:
     return first_line(rec.error, limit, last) if rec.status != "ok" else ""
 
 
+def compiled(m: Any) -> str:
+    """How the run was compiled and what compiling took (within setup, never in the step times)."""
+    if not m.compile_scope:
+        return "eager"
+    return f"compiled per {'block' if m.compile_scope == 'blocks' else 'model'}" + (
+        f" in {m.compile_s:.1f} s" if m.compile_s is not None else "")
+
+
 def per_device(rec: ResultRecord) -> str:
     """What a run's devices are called: GPU on GPUs, process on the CPU."""
     return "GPU" if rec.environment.get("device") == "cuda" else "process"
 
 
-def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None = None) -> str:
-    """A run's name from its config: model, method, strategy, world size, batch x accumulation, sequence."""
+def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None = None,
+                 compiled: str | None = None) -> str:
+    """A run's name from its config: model, method, strategy, world size, batch x accumulation, sequence;
+    `compiled`: what a run compiled as (a record knows; a config with compile=auto does not say)."""
     if kind == "infer":
         return (f"infer {c['model']} {c['precision']} b{c['batch_size']} p{c['prompt_len']}+{c['new_tokens']} "
                 f"{c['kv_cache']}" + (" compile" if c.get("compile") else ""))
@@ -57,7 +67,7 @@ def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None 
     world = f" x{world_size}" if world_size else ""
     every = c.get("ckpt_every", 1)
     extras = (" ckpt" + (f"/{every}" if every > 1 else "")) * bool(c.get("grad_ckpt"))
-    extras += " compile" * bool(c.get("compile"))
+    extras += " compile" * (c.get("compile") is True if compiled is None else bool(compiled))
     return (f"{c['model']} {c['method']} {c.get('strategy', 'single')}{world} "
             f"b{c['batch_size']}x{c.get('grad_accum', 1)} s{c['seq_len']}{extras}")
 
@@ -66,4 +76,5 @@ def label(rec: ResultRecord, names: dict[str, str] | None = None) -> str:
     """The one label of a run: its sweep entry's name when it has one, else its configuration."""
     if names and rec.config_hash in names:
         return names[rec.config_hash]
-    return config_label(rec.config, rec.kind, getattr(rec.metrics, "world_size", None))
+    ran = (getattr(rec.metrics, "compile_scope", None) or "") if rec.config.get("compile") == "auto" else None
+    return config_label(rec.config, rec.kind, getattr(rec.metrics, "world_size", None), ran)

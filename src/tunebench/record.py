@@ -149,7 +149,9 @@ class TrainMetrics(BaseModel):
     mfu: float | None = None
     hfu: float | None = None
     mfu_noncausal: float | None = None  # the references' convention: attention counted as the full S x S product
-    setup_s: float | None = None  # start of the run to its first step
+    setup_s: float | None = None  # start of the run to its first step, plus compile_s
+    compile_s: float | None = None  # torch.compile's time (in the untimed first steps); None when eager
+    compile_scope: str | None = None  # what compile ran as: "blocks" or "model"; None when eager
     loss_first: float | None = None
     loss_last: float | None = None
     losses: list[float] = Field(default_factory=list)

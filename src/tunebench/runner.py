@@ -31,11 +31,14 @@ from tunebench.environment import environment
 from tunebench.errors import UserError, invalid, require
 from tunebench.methods import apply_method, check_targets
 from tunebench.metrics.aggregate import combine_ranks, rank_figures
+from tunebench.metrics.compile import compile_seconds
 from tunebench.metrics.flops import FlopsPerToken, flops_per_token, peak_flops
 from tunebench.metrics.memory import available_host_bytes, peak_memory, release, reset_peak
 from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import build_model, load_meta_model, resolve_model
+from tunebench.models.build import build_meta
 from tunebench.models.count import counts, training_floor_bytes
+from tunebench.models.shards import init_adapters, materialize_shards
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import JobFigures, RankFigures, ResultRecord
 from tunebench.status import failure
@@ -115,6 +118,7 @@ class Outcome:
     loop: LoopResult = field(default_factory=LoopResult)
     flops: FlopsPerToken | None = None
     setup_s: float | None = None
+    compile_scope: str | None = None  # what ran: None (eager), "blocks" or "model"
     weights: str | None = None
     params_total: int | None = None
     params_trainable: int | None = None
@@ -145,15 +149,21 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     cfg, spec, device, strategy = plan.cfg, plan.spec, plan.device, plan.strategy
     n = counts(spec)
     big = device.type == "cpu" and n is not None and n.total >= BIG_ON_CPU
-    model, out.weights = build_model(spec, cfg, device, progress=_build_progress(spec.name) if big else None)
+    meta = build_meta(spec, cfg, device) if strategy.meta_init else None  # sharded before any weight exists
+    if meta:
+        model, out.weights = meta.model, meta.weights
+    else:
+        model, out.weights = build_model(spec, cfg, device, progress=_build_progress(spec.name) if big else None)
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         checkpoint_every(transformer_blocks(model, spec.num_layers), cfg.ckpt_every)
     model = apply_method(model, cfg)
+    if cfg.method != "full" and not meta:
+        init_adapters(model, cfg.seed, device)  # as a sharded build draws them: every strategy starts alike
     model.train()
     head = unwrap(model).get_output_embeddings()
     blocks = transformer_blocks(model, spec.num_layers)
-    scope = strategy.compile_scope(cfg)
+    scope = out.compile_scope = strategy.compile_scope(cfg)
     if scope == "blocks":
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times
             block.compile()
@@ -165,7 +175,8 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
     if scope == "model":  # embeddings, blocks, final norm and the loss: one graph, fused across block edges
         module.compile()
-    return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size))
+    materialize = (lambda: materialize_shards(module, meta.slots, device, cfg.seed, meta.source)) if meta else None
+    return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size, materialize))
 
 
 def telemetry_for(plan: Plan) -> Telemetry | None:
@@ -202,6 +213,7 @@ def attempt(plan: Plan, work: Callable[[Outcome, float], None], started: float |
     env = environment(device)
     rec = ResultRecord.for_config(plan.requested or cfg, env)
     out = Outcome()
+    compiled_before = compile_seconds()
     torch.manual_seed(cfg.seed)
     reset_peak(device)
     try:
@@ -218,6 +230,11 @@ def attempt(plan: Plan, work: Callable[[Outcome, float], None], started: float |
     peak = peak_flops(env["gpu"]["name"]) if device.type == "cuda" else None
     rec.metrics = combine_ranks(ctx.gather(mine), out.loop.losses, out.flops, peak)
     rec.metrics.setup_s, rec.metrics.weights = out.setup_s, out.weights
+    if out.compile_scope and compiled_before is not None:
+        # compiling happens in the first (untimed) steps: counted in setup, shown apart, never in step times
+        rec.metrics.compile_s = (compile_seconds() or 0.0) - compiled_before
+        rec.metrics.setup_s = (out.setup_s or 0.0) + rec.metrics.compile_s
+    rec.metrics.compile_scope = out.compile_scope
     rec.metrics.params_total, rec.metrics.params_trainable = out.params_total, out.params_trainable
     rec.metrics.nnodes, rec.metrics.precision, rec.metrics.job = ctx.nnodes, cfg.precision, out.job
     rec.metrics.stopped_early = out.loop.abandoned or None

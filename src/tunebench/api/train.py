@@ -43,17 +43,25 @@ def predict(cfg: TrainConfig, precision: str, gpu: str | None, world: int, store
     (`precision`: the one that runs, 'auto' made concrete)."""
     if not store or not Path(store).is_file():
         return None
-    key = workload_key(RunConfig, cfg.run_config().model_dump() | {"precision": precision})
+    run = cfg.run_config().resolved("cuda" if gpu else "cpu")
+    key = workload_key(RunConfig, run.model_dump() | {"precision": precision})
     with Store(store, create=False) as s:
         recs = [r for r in s.records("train") if r.status == "ok" and r.metrics.tokens_per_s
                 and r.metrics.job is None and r.metrics.world_size == world
                 and (r.environment.get("gpu", {}).get("name") or None) == gpu
-                and workload_key(RunConfig, r.config | {"precision": r.metrics.precision or r.config.get(
-                    "precision")}) == key]
+                and workload_key(RunConfig, what_ran(r)) == key]
     if not recs:
         return None
     r = recs[-1]
     return {"tokens_per_s": r.metrics.tokens_per_s, "source": f"stored run {r.id[:12]}", "record_id": r.id}
+
+
+def what_ran(r: ResultRecord) -> dict:
+    """A stored run's config with its 'auto' choices as they were made (precision, compile)."""
+    ran = r.config | {"precision": r.metrics.precision or r.config.get("precision")}
+    if r.config.get("compile") == "auto":
+        ran["compile"] = bool(r.metrics.compile_scope)
+    return ran
 
 
 def _announce(cfg: TrainConfig, total: int, world: int, pred: dict | None, gpu: str | None) -> None:

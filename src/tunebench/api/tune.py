@@ -117,6 +117,8 @@ def _predictor(gpu: gpus.Gpu | None, store: str | Path) -> Callable[[RunConfig],
     measured = measured_hw(store, target) if gpu else []
 
     def predict_one(cfg: RunConfig) -> Prediction | None:
+        if gpu is None and cfg.compile == "auto":  # rank what will run: auto compiles nothing on the CPU
+            cfg = cfg.model_copy(update={"compile": cfg.resolved("cpu").compile})
         try:
             return predict(cfg, target, world_of(cfg), measured)
         except (UserError, ValueError):

@@ -82,9 +82,13 @@ def listify(v: Any) -> Any:
 
 def _one_line(err: ValidationError, raw: dict[str, Any], fields: tuple[str, ...]) -> str:
     """Turn pydantic's multi-line report into one line naming field, value and what is allowed."""
-    e = err.errors()[0]
-    loc = [p for p in e["loc"] if not isinstance(p, int)]  # a list item's index is not a field
+    errors = err.errors()
+    e = errors[0]
+    loc = [p for p in e["loc"] if not isinstance(p, int) and not _union_member(p)]  # not a list index, not a type
     field = ".".join(str(p) for p in loc) or "config"
+    if len(e["loc"]) != len(loc) and any(_union_member(p) for p in e["loc"]):  # true | false | 'auto': each said
+        same = [x["msg"] for x in errors if [p for p in x["loc"] if not _union_member(p)] == loc]
+        e = e | {"msg": "; or ".join(dict.fromkeys(same))}
     if e["type"] == "extra_forbidden":
         return f"unknown key {field!r} (allowed keys: {', '.join(fields)})"
     if e["type"] == "missing":
@@ -93,6 +97,12 @@ def _one_line(err: ValidationError, raw: dict[str, Any], fields: tuple[str, ...]
     if not e["loc"]:  # model-level check: the message already names the fields
         return f"invalid config: {msg}"
     return str(invalid(field, raw.get(field, e.get("input")), msg))
+
+
+def _union_member(part: Any) -> bool:
+    """pydantic names the member of a union (bool, literal['auto']) in an error's location."""
+    return isinstance(part, str) and (part in ("bool", "int", "float", "str")
+                                      or part.startswith(("literal[", "function-")))
 
 
 def build_config(data: dict[str, Any], cls: type[BaseModel]) -> Any:

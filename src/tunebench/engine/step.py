@@ -37,7 +37,7 @@ class Batches(Protocol):
 
 
 def autocast(cfg: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    if cfg.precision == "fp32":
+    if cfg.precision in ("fp32", "bf16-pure"):  # nothing to cast: the weights already are what computes
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype)

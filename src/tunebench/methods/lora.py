@@ -36,4 +36,5 @@ def apply_lora(model: nn.Module, cfg: RunConfig) -> nn.Module:
     targets = "all-linear" if cfg.lora_targets == ["all-linear"] else cfg.lora_targets
     lcfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=targets, bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, lcfg)
+    # peft keeps bf16 bases' adapters in fp32 (trained under autocast); bf16-pure stores them in bf16 too
+    return get_peft_model(model, lcfg, autocast_adapter_dtype=cfg.precision != "bf16-pure")

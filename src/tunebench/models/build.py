@@ -23,9 +23,10 @@ from transformers.pytorch_utils import Conv1D
 
 from tunebench.config import RunConfig
 from tunebench.models.attention import sdpa_causal
+from tunebench.models.shards import SafetensorsRows, Slot, base_fill, base_slots
 from tunebench.models.spec import ModelSpec
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ATTN_IMPL = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}
 
 
@@ -57,9 +58,9 @@ def compute_dtype(cfg: RunConfig) -> torch.dtype:
 
 
 def train_weights(cfg: RunConfig) -> Weights:
-    # Full training keeps fp32 master weights under autocast (mixed precision); frozen LoRA/QLoRA
-    # bases are stored in the compute dtype, which halves their memory and needs no casts.
-    dtype = torch.float32 if cfg.method == "full" else compute_dtype(cfg)
+    # Full training keeps fp32 master weights under autocast (mixed precision), unless bf16-pure; frozen
+    # LoRA/QLoRA bases are stored in the compute dtype, which halves their memory and needs no casts.
+    dtype = torch.float32 if cfg.method == "full" and cfg.precision != "bf16-pure" else compute_dtype(cfg)
     return Weights(dtype, cfg.quant if cfg.method == "qlora" else None, compute_dtype(cfg), cfg.double_quant,
                    cfg.attn, cfg.seed)
 
@@ -108,12 +109,7 @@ def _replace_with_quantized(model: PreTrainedModel, w: Weights) -> None:
 def _new_param(module: nn.Module, pname: str, meta: nn.Parameter, device: torch.device, dtype: torch.dtype,
                std: float, gen: torch.Generator) -> nn.Parameter:
     t = torch.empty(meta.shape, device=device, dtype=dtype)
-    if "norm" in type(module).__name__.lower() or isinstance(module, nn.LayerNorm):
-        t.fill_(1.0 if pname == "weight" else 0.0)
-    elif pname == "bias":
-        t.zero_()
-    else:
-        t.normal_(0.0, std, generator=gen)
+    base_fill(module, pname, std)(t, gen)  # as a sharded build draws it (models.shards)
     return nn.Parameter(t, requires_grad=meta.requires_grad)
 
 
@@ -202,6 +198,26 @@ def build(spec: ModelSpec, w: Weights, device: torch.device,
         _replace_with_quantized(model, w)
     _materialize(model, w, device, progress)
     return model, "random"
+
+
+@dataclass
+class MetaBuild:
+    """A model whose parameters are still on meta, and how each rank will make its shards of them."""
+
+    model: PreTrainedModel
+    weights: str  # 'random' or 'safetensors'
+    slots: list[Slot]  # the base parameters, in the order an unsharded build draws them
+    source: SafetensorsRows | None  # the local checkpoint's rows (None: random weights)
+
+
+def build_meta(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> MetaBuild:
+    """The training model of `cfg` on meta, for a strategy that shards it before any weight exists."""
+    w = train_weights(cfg.resolved(device.type))
+    if w.quant:
+        raise ValueError("a quantized model is built whole (bitsandbytes quantizes while creating it)")
+    model = load_meta_model(spec, w)
+    source = SafetensorsRows(spec.path) if spec.has_weights else None
+    return MetaBuild(model, "safetensors" if source else "random", base_slots(model), source)
 
 
 def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device,

@@ -80,7 +80,7 @@ def counts(spec: ModelSpec) -> Counts | None:
     return None
 
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES = {"fp32": 4, "bf16": 2, "bf16-pure": 2, "fp16": 2}
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}  # per trainable parameter
 
 
@@ -89,6 +89,8 @@ def training_floor_bytes(c: Counts, method: str, precision: str, optimizer: str)
 
     Full fine-tuning keeps fp32 weights (the master copy) with fp32 gradients; LoRA keeps the frozen base in
     the compute precision and trains a few adapters; QLoRA stores the block linears in 4 bits."""
+    if method == "full" and precision == "bf16-pure":  # weights, gradients and AdamW's states all in bf16
+        return c.total * (2 + 2 + min(OPTIMIZER_BYTES[optimizer], 4))
     if method == "full":
         return c.total * (4 + 4 + OPTIMIZER_BYTES[optimizer])
     per = BYTES.get(precision, 2)

@@ -67,9 +67,11 @@ def _weights(w: Workload) -> list[Item]:
             bf16 = 2 * n / (w.world if w.strategy.name == "zero3" else 1)
             return [Item("weights", bf16, "bf16 copy DeepSpeed computes with"),
                     Item("master weights", 4 * n / w.sharded, "fp32, in DeepSpeed's optimizer")]
-        return [Item("weights", 4 * n / w.sharded, "fp32 master weights" + (f", 1/{w.world} shard" if w.sharded > 1
-                                                                             else ""))]
-    adapters = Item("LoRA adapters", 4 * w.lora_params / w.sharded, f"fp32, rank {w.cfg.lora_rank}")
+        what = "bf16 weights, no master copy" if w.pure else "fp32 master weights"
+        return [Item("weights", w.param_bytes * n / w.sharded, what + (f", 1/{w.world} shard" if w.sharded > 1
+                                                                        else ""))]
+    adapters = Item("LoRA adapters", w.param_bytes * w.lora_params / w.sharded,
+                    f"{'bf16' if w.pure else 'fp32'}, rank {w.cfg.lora_rank}")
     if w.cfg.method == "lora":
         return [Item("weights", cb * n / w.sharded, "frozen base in the compute dtype"), adapters]
     nb = c.block_linears
@@ -85,7 +87,10 @@ def _weights(w: Workload) -> list[Item]:
 
 def _optimizer(w: Workload) -> tuple[float, float]:
     """(allocator bytes, paged bytes) of the optimizer state on one GPU."""
-    state = OPTIMIZER_BYTES[w.cfg.optimizer] * w.trainable / w.sharded
+    per = OPTIMIZER_BYTES[w.cfg.optimizer]
+    if w.pure and w.cfg.optimizer in ("adamw", "adamw_fused"):  # torch's AdamW keeps its states in the params' dtype
+        per = per // 2
+    state = per * w.trainable / w.sharded
     return (0.0, state) if w.cfg.optimizer == "paged_adamw_8bit" else (state, 0.0)
 
 
@@ -93,7 +98,7 @@ def _grads(w: Workload) -> float:
     """Gradients of one GPU once backward is done."""
     if w.deepspeed:
         return 2 * w.trainable / w.sharded  # bf16 partition
-    return 4 * w.trainable / w.sharded
+    return w.param_bytes * w.trainable / w.sharded
 
 
 def _working(w: Workload) -> list[Item]:
@@ -149,7 +154,8 @@ def _backward_temps(w: Workload, act: Activations) -> float:
 def _step_temps(w: Workload) -> float:
     if w.deepspeed:
         return 8 * w.trainable / w.sharded  # fp32 gradients of the partition and the update's buffers (measured)
-    return 4 * w.trainable / w.sharded if w.cfg.optimizer == "adamw" else 0.0  # foreach AdamW: one fp32 temp
+    # foreach AdamW: one temporary in the params' dtype
+    return w.param_bytes * w.trainable / w.sharded if w.cfg.optimizer == "adamw" else 0.0
 
 
 def memory(w: Workload) -> MemoryPlan:
@@ -178,7 +184,7 @@ def memory(w: Workload) -> MemoryPlan:
     step = persistent + grads + _step_temps(w)
     items = weights + [Item("optimizer states", opt + paged, w.cfg.optimizer + (" (paged: managed memory)" if paged
                                                                                else "")),
-                       Item("gradients", grads, "bf16 partition" if w.deepspeed else "fp32"),
+                       Item("gradients", grads, "bf16 partition" if w.deepspeed else "bf16" if w.pure else "fp32"),
                        Item("activations", acts, act.note),
                        Item("loss chunk", loss_transient + kept_loss, "logits of one chunk; the head's gradient")]
     items += working

@@ -71,7 +71,9 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     moved += LOSS_BYTES_PER_LOGIT * tokens * s.vocab_size
     if cfg.method == "qlora":
         moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
-    optimizer = OPTIMIZER_BYTES[cfg.optimizer] * w.trainable / w.sharded
+    # bf16-pure: AdamW's parameters, gradients and states are half as many bytes (not measured yet: scaled)
+    half = w.pure and cfg.optimizer in ("adamw", "adamw_fused")
+    optimizer = OPTIMIZER_BYTES[cfg.optimizer] * (0.5 if half else 1.0) * w.trainable / w.sharded
     return {"matmul": gemm, "attention": attention / (ATTENTION_OF_PEAK * hw.gpu.peak_flops),
             "elementwise": moved / hw.bandwidth, "optimizer": optimizer / hw.bandwidth}
 
@@ -89,8 +91,8 @@ def _network(w: Workload, hw: Hardware, compute: float) -> float:
         return 0.0
     share = (world - 1) / world
     nodes = w.cfg.nnodes
-    if name == "ddp":  # all-reduce of fp32 gradients (ring: 2(W-1)/W of the bytes)
-        t = 2 * share * 4 * n / hw.collective("all_reduce", nodes)
+    if name == "ddp":  # all-reduce of the gradients, fp32 (bf16-pure: bf16) (ring: 2(W-1)/W of the bytes)
+        t = 2 * share * w.param_bytes * n / hw.collective("all_reduce", nodes)
     elif name == "fsdp":  # bf16 all-gathers in forward and backward, fp32 reduce-scatter, per micro-batch
         params = w.counts.total * w.compute_bytes
         t = w.cfg.grad_accum * share * 2 * params / hw.collective("all_gather", nodes)

@@ -8,6 +8,7 @@ follow what the engine does (tunebench.models.build, tunebench.strategies):
   full on fsdp         FSDP2 casts the weights to bf16 for compute (fp32 shards): a bf16 stream, autocast
   full on zero2/zero3  DeepSpeed holds bf16 weights (fp32 masters in its optimizer), no autocast
   lora / qlora         the frozen base in bf16 (QLoRA: NF4 block linears), fp32 adapters, autocast
+  precision bf16-pure  weights (adapters too), gradients and AdamW's states in bf16, no autocast: a bf16 stream
   precision fp32       everything fp32, no autocast
 """
 
@@ -69,13 +70,23 @@ class Workload:
         return self.cfg.precision == "fp32"
 
     @property
+    def pure(self) -> bool:
+        """bf16-pure: what trains is stored in bf16 (no fp32 master copy)."""
+        return self.cfg.precision == "bf16-pure"
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per element of what trains (weights or adapters) and of its gradients."""
+        return 2 if self.pure else 4
+
+    @property
     def deepspeed(self) -> bool:
         return self.strategy.deepspeed
 
     @property
     def autocast(self) -> bool:
-        """The step runs under autocast (DeepSpeed casts the model itself; fp32 needs no cast)."""
-        return not self.fp32 and not self.deepspeed
+        """The step runs under autocast (DeepSpeed casts the model itself; fp32 and bf16-pure need no cast)."""
+        return not self.fp32 and not self.deepspeed and not self.pure
 
     @property
     def compute_bytes(self) -> int:
@@ -85,7 +96,7 @@ class Workload:
     @property
     def residual_bytes(self) -> int:
         """Bytes per element of the residual stream: the dtype the embeddings and block outputs have."""
-        if self.fp32 or (self.full and self.strategy.name in ("single", "ddp")):
+        if self.fp32 or (self.full and not self.pure and self.strategy.name in ("single", "ddp")):
             return 4
         return 2
 

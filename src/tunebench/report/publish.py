@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from tunebench.files import write_text
-from tunebench.format import config_label, fmt, gib, pct, per_device, step_times
+from tunebench.format import compiled, fmt, gib, label, pct, per_device, step_times
 from tunebench.record import ResultRecord
 
 
@@ -28,7 +28,7 @@ def _hardware(rec: ResultRecord) -> list[str]:
 
 def publish(rec: ResultRecord, out: Path, name: str | None = None) -> Path:
     c, m, env = rec.config, rec.metrics, rec.environment
-    title = name or config_label(c, rec.kind, m.world_size)
+    title = name or label(rec)
     figures = [
         ("status", rec.status), ("tokens/s (global)", fmt(m.tokens_per_s)),
         (f"tokens/s per {per_device(rec)}", fmt(m.tokens_per_s_per_gpu)), ("samples/s", fmt(m.samples_per_s, ",.3f")),
@@ -38,7 +38,7 @@ def publish(rec: ResultRecord, out: Path, name: str | None = None) -> Path:
         ("MFU, full-attention FLOPs (PaLM, torchtitan)", pct(m.mfu_noncausal)),
         ("FLOPs per token", m.flops_formula or "-"),
         ("timed steps / warmup", f"{m.timed_steps} / {c.get('warmup')}"),
-        ("setup", "-" if m.setup_s is None else f"{m.setup_s:.1f} s"),
+        ("setup", "-" if m.setup_s is None else f"{m.setup_s:.1f} s ({compiled(m)})"),
         ("loss first / last", f"{m.loss_first} / {m.loss_last}"),
     ]
     if m.scaling:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from tunebench.document import Table
-from tunebench.format import config_label, first_line, fmt, gib, label, p50_ms, pct, step_times
+from tunebench.format import compiled, config_label, first_line, fmt, gib, label, p50_ms, pct, step_times
 from tunebench.record import ResultRecord
 from tunebench.report.context import CV_LIMIT
 
@@ -33,7 +33,7 @@ def run_table(rec: ResultRecord) -> Table:
         if m.mfu_noncausal is not None else ""))
     t.add("FLOPs/token", fmt(m.flops_per_token, ".3e"))
     t.add("params trainable/total", f"{fmt(m.params_trainable, ',.0f')} / {fmt(m.params_total, ',.0f')}")
-    t.add("setup", fmt(m.setup_s, ".1f", unit=" s") + f"  (weights: {m.weights or '-'})")
+    t.add("setup", fmt(m.setup_s, ".1f", unit=" s") + f"  (weights: {m.weights or '-'}; {compiled(m)})")
     t.add("loss first/last", f"{fmt(m.loss_first, '.4f')} / {fmt(m.loss_last, '.4f')}")
     if (tel := m.telemetry):
         t.add("GPU telemetry", f"util {tel.gpu_util_mean_pct:.0f}%, power {tel.power_mean_w:.0f} W, energy "

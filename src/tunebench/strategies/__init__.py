@@ -31,10 +31,13 @@ class Strategy:
     # compile_scope=model works: the model and its loss compiled as one graph. Not under a wrapper that needs
     # its hooks between blocks (DDP's buckets, FSDP's gathers, DeepSpeed's partitions): blocks there.
     whole_compile: bool = False
+    # builds the model on meta and makes each rank's shards only (never the whole model on one GPU): apply
+    # takes `materialize`, called once the meta model is sharded
+    meta_init: bool = False
 
     def compile_scope(self, cfg: RunConfig) -> str | None:
-        """What `compile` compiles for this run: None (eager), "blocks" or "model"."""
-        if not cfg.compile:
+        """What `compile` compiles for this run (`cfg` resolved for its device): None (eager), "blocks" or "model"."""
+        if cfg.compile is not True:
             return None
         # auto stays per block until the planner models the whole graph's memory and speed (its checkpointing too)
         return "blocks" if cfg.compile_scope == "auto" else cfg.compile_scope
@@ -52,16 +55,22 @@ class Strategy:
         if cfg.compile and cfg.compile_scope == "model" and not self.whole_compile:
             raise UserError(f"invalid compile_scope=model with strategy={self.name}: its hooks run between blocks; "
                             "use compile_scope=blocks (or strategy=single)")
+        if self.deepspeed and cfg.precision == "bf16-pure":
+            raise UserError(f"invalid precision=bf16-pure with strategy={self.name}: DeepSpeed's bf16 mode keeps fp32 "
+                            "master weights in its optimizer; use precision=bf16 (it already computes in bf16)")
         if self.deepspeed and cfg.optimizer in BNB_OPTIMIZERS:
             raise UserError(f"invalid optimizer={cfg.optimizer} with strategy={self.name}: DeepSpeed shards the "
                             "optimizer itself; use adamw or adamw_fused")
         if self.deepspeed and packages:
             require("deepspeed", f"strategy={self.name}", "pip install --no-build-isolation deepspeed")
 
-    def wrap(self, module: Any, blocks: Any, cfg: RunConfig, device: Any, world_size: int) -> Any:
-        """Wrap `module` (the model with its loss) and build its optimizer: an engine.step.TrainStep."""
+    def wrap(self, module: Any, blocks: Any, cfg: RunConfig, device: Any, world_size: int,
+             materialize: Any = None) -> Any:
+        """Wrap `module` (the model with its loss) and build its optimizer: an engine.step.TrainStep.
+        `materialize` (meta_init strategies): makes the sharded meta model's values."""
         apply = importlib.import_module(f"{__name__}.{self.module}").apply
-        return apply(module, blocks, cfg, device, world_size, **self.options)
+        extra = {"materialize": materialize} if self.meta_init else {}
+        return apply(module, blocks, cfg, device, world_size, **self.options, **extra)
 
 
 _QLORA_DS = "bitsandbytes 4-bit layers are not partitioned or cast by DeepSpeed; use ddp or single"
@@ -69,6 +78,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("single", "one process, no wrapping", "single", one_process=True, whole_compile=True),
     Strategy("ddp", "PyTorch DDP: full replicas, gradients all-reduced in buckets", "ddp"),
     Strategy("fsdp", "FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded", "fsdp",
+             meta_init=True,
              refuses={"qlora": "QLoRA with FSDP2 needs 4-bit weights stored as bf16 (quant_storage) sharded by "
                                "FSDP, not built yet; use ddp or single"}),
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero", {"stage": 2},

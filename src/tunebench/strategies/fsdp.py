@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -15,11 +15,12 @@ from tunebench.engine.optim import build_optimizer
 from tunebench.engine.step import TrainStep, torch_step
 from tunebench.strategies.state import Sharded
 
-COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+COMPUTE = {"bf16": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16": torch.float16}
 
 
 def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device,
-               world_size: int) -> TrainStep:
+          world_size: int, materialize: Callable[[], None] | None = None) -> TrainStep:
+    """Shard each block, then the root; `materialize` then makes this rank's shards of a model built on meta."""
     mesh = init_device_mesh(device.type, (world_size,))
     mp = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=torch.float32)
     # Blocks take their inputs as they come (bf16 from the bf16 root): under Hugging Face's checkpointing
@@ -29,6 +30,8 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=block_mp)
     fully_shard(module, mesh=mesh, mp_policy=mp)  # the root: embeddings, final norm, head
+    if materialize is not None:
+        materialize()
 
     @contextlib.contextmanager
     def no_sync() -> Iterator[None]:

@@ -17,6 +17,7 @@ from tunebench.errors import UserError
 from tunebench.strategies import STRATEGIES
 
 CHECKPOINTING = ((False, 1), (True, 2), (True, 1))  # none, selective (every other block), full
+COMPILE_WORD = {True: " compile", "auto": " compile:auto", False: ""}
 LEVERS = ("strategy", "checkpointing", "compile", "optimizer", "batch")  # what --fixed can hold
 MAX_BATCH = 1024
 
@@ -27,7 +28,7 @@ class Space:
     strategies: tuple[str, ...] = ()  # empty: every strategy that accepts the method
     optimizers: tuple[str, ...] = ()  # empty: the config's own and adamw_fused
     seq_lens: tuple[int, ...] = ()  # empty: the config's own (the workload stays as given)
-    compile: tuple[bool, ...] = (False, True)
+    compile: tuple[bool | str, ...] = (False, True)  # "auto" where the config fixes it so
     checkpointing: tuple[tuple[bool, int], ...] = CHECKPOINTING
     batches: tuple[int, ...] = ()  # empty: powers of two up to max_batch
     global_batch: int | None = None  # samples per optimizer step, held across candidates
@@ -121,4 +122,4 @@ def describe(cfg: RunConfig) -> str:
     """A candidate's name: its levers in a few words."""
     ckpt = "no ckpt" if not cfg.grad_ckpt else ("ckpt" if cfg.ckpt_every == 1 else f"ckpt 1/{cfg.ckpt_every}")
     return (f"{cfg.strategy} x{world_of(cfg)} b{cfg.batch_size}x{cfg.grad_accum} s{cfg.seq_len} {ckpt}"
-            f"{' compile' if cfg.compile else ''} {cfg.optimizer}")
+            f"{COMPILE_WORD[cfg.compile]} {cfg.optimizer}")

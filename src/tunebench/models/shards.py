@@ -1,0 +1,153 @@
+"""Models bigger than one GPU: built on the meta device, sharded, then each rank makes only its own rows.
+
+FSDP2 shards every parameter along its first dimension (``torch.chunk`` over the ranks). After
+``fully_shard`` on the meta model, ``materialize_shards`` allocates the local shards and fills them, one
+parameter at a time, so that no rank ever holds more than its shards plus one parameter:
+
+- random weights (presets): each full parameter is drawn on the device in the order and from the
+  generator of an unsharded build (``tunebench.models.build``), its rows kept, the rest freed. Every
+  strategy therefore starts from the same weights, and losses compare across strategies;
+- local safetensors: only the rank's row range of each tensor is read from the (memory-mapped) file.
+
+LoRA adapters are drawn the same way on every path (``init_adapters``): A kaiming-uniform as peft does,
+B zero, from a generator of their own, so a sharded LoRA run starts where an unsharded one does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tunebench.errors import UserError
+
+ADAPTER_SEED_OFFSET = 1_000_003  # the adapters' generator: apart from the base weights' one
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One parameter to make: where it lives and how its values are drawn."""
+
+    module: nn.Module
+    name: str  # the parameter's name in its module
+    key: str  # its name in the model: the checkpoint's key
+    fill: Callable[[torch.Tensor, torch.Generator], None]  # draws a full tensor's values in place
+
+
+def _normal(std: float) -> Callable[[torch.Tensor, torch.Generator], None]:
+    return lambda t, gen: t.normal_(0.0, std, generator=gen)
+
+
+def _constant(value: float) -> Callable[[torch.Tensor, torch.Generator], None]:
+    return lambda t, gen: t.fill_(value)
+
+
+def _kaiming(t: torch.Tensor, gen: torch.Generator) -> None:
+    nn.init.kaiming_uniform_(t, a=math.sqrt(5), generator=gen)  # peft's lora_A: nn.Linear's default
+
+
+def base_fill(module: nn.Module, pname: str, std: float) -> Callable[[torch.Tensor, torch.Generator], None]:
+    """How a preset's parameter is drawn: norms one (their biases zero), biases zero, the rest N(0, std)."""
+    if "norm" in type(module).__name__.lower() or isinstance(module, nn.LayerNorm):
+        return _constant(1.0 if pname == "weight" else 0.0)
+    if pname == "bias":
+        return _constant(0.0)
+    return _normal(std)
+
+
+def base_slots(model: nn.Module) -> list[Slot]:
+    """Every parameter of the (meta) model in the order an unsharded build draws them; tied ones once."""
+    std = getattr(getattr(model, "config", None), "initializer_range", 0.02)
+    seen: set[int] = set()
+    slots = []
+    for mname, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            slots.append(Slot(module, pname, f"{mname}.{pname}" if mname else pname, base_fill(module, pname, std)))
+    return slots
+
+
+def adapter_slots(model: nn.Module) -> list[Slot]:
+    """peft's LoRA matrices in module order: A kaiming-uniform, B zero."""
+    slots = []
+    for mname, module in model.named_modules():
+        for side, fill in (("lora_A", _kaiming), ("lora_B", _constant(0.0))):
+            for adapter, linear in getattr(module, side, {}).items():
+                for pname, _ in linear.named_parameters(recurse=False):
+                    slots.append(Slot(linear, pname, f"{mname}.{side}.{adapter}.{pname}", fill))
+    return slots
+
+
+def init_adapters(model: nn.Module, seed: int, device: torch.device) -> None:
+    """Draw the adapters of an unsharded model in place, as `materialize_shards` draws them sharded."""
+    gen = torch.Generator(device=device).manual_seed(seed + ADAPTER_SEED_OFFSET)
+    with torch.no_grad():
+        for slot in adapter_slots(model):
+            slot.fill(getattr(slot.module, slot.name), gen)
+
+
+def _rows(p: torch.Tensor) -> tuple[int, int]:
+    """This rank's row range of a parameter FSDP2 sharded on dim 0 (torch.chunk's split)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(p, DTensor):
+        return 0, p.shape[0] if p.dim() else 0
+    if p.dim() == 0 or list(p.placements) != [Shard(0)]:
+        raise ValueError(f"cannot make a shard placed as {p.placements}")
+    world, rank = p.device_mesh.size(), p.device_mesh.get_local_rank()
+    per = math.ceil(p.shape[0] / world)
+    start = min(p.shape[0], rank * per)
+    return start, min(p.shape[0], start + per)
+
+
+class SafetensorsRows:
+    """Row ranges of a local model's tensors, read from its memory-mapped safetensors files."""
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        index = folder / "model.safetensors.index.json"
+        files = (sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+                 if index.is_file() else sorted(folder.glob("*.safetensors")))
+        self._where: dict[str, object] = {}
+        for f in files:
+            handle = safe_open(str(f), framework="pt", device="cpu")
+            self._where.update({k: handle for k in handle.keys()})
+
+    def rows(self, key: str, start: int, stop: int) -> torch.Tensor:
+        for k in (key, key.removeprefix("model."), "model." + key):
+            if k in self._where:
+                return self._where[k].get_slice(k)[start:stop]
+        raise UserError(f"the model's safetensors have no tensor {key!r}: a checkpoint of another architecture?")
+
+
+def materialize_shards(module: nn.Module, slots: list[Slot], device: torch.device, seed: int,
+                       source: SafetensorsRows | None = None) -> None:
+    """Allocate the sharded (meta) `module` on `device` and fill each rank's rows: base `slots` from `source`
+    or drawn as an unsharded build would, then the adapters."""
+    buffers = [(m, n, b) for m in module.modules() for n, b in m.named_buffers(recurse=False) if b is not None]
+    module.to_empty(device=device)
+    for m, n, b in buffers:  # rotary tables were computed on the CPU: keep their values, not empty memory
+        m._buffers[n] = b.to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    adapters = adapter_slots(module)
+    agen = torch.Generator(device=device).manual_seed(seed + ADAPTER_SEED_OFFSET)
+    with torch.no_grad():
+        for slot, g, from_file in [(s, gen, source is not None) for s in slots] + [(s, agen, False) for s in adapters]:
+            p = getattr(slot.module, slot.name)
+            local = p.to_local() if hasattr(p, "to_local") else p
+            start, stop = _rows(p)
+            if from_file:
+                local.copy_(source.rows(slot.key, start, stop))
+                continue
+            full = torch.empty(p.shape, device=device, dtype=local.dtype)
+            slot.fill(full, g)
+            local.copy_(full[start:stop])
+            del full
