@@ -7,7 +7,7 @@ causal attention, fp32 weights under bf16 autocast, fused AdamW, gradient clippi
 same shapes, optimizer and clipping. Each side runs in its own fresh process, one after the other in this one
 job on the same GPU; only the steps after `warmup` are timed.
 
-    python benchmarks/vs_plain_gpt.py [--sides plain,plain-compile,ours,ours-blocks,ours-model,ours-model-pure] [--profile]
+    python benchmarks/vs_plain_gpt.py [--sides plain-compile,ours-model,ours-model-pure,...] [--profile]
 
 `--profile` adds, per side, where the GPU time of 5 steps goes (matmuls, attention, fused Triton kernels,
 optimizer, other) from the PyTorch profiler, and the share of the step the GPU sat idle.

@@ -72,3 +72,14 @@ def test_masked_labels_match_cross_entropy_with_ignore_index():
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
     wrapped = torch.nn.Sequential(head)  # the checkpointed-chunks path ignores them too
     torch.testing.assert_close(L.causal_lm_loss(h, wrapped, y, 200, masked=True), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_odd_vocabularies_are_padded_for_aligned_matmuls():
+    """GPT-2's 50,257 rows would give every matmul of the loss a stride no fast GPU kernel takes: the loss pads
+    the head with zero rows to a multiple of 64, whose columns get no probability (the tests above use odd
+    vocabularies: values and gradients equal the reference). An aligned head is used as it is, without a copy."""
+    odd, aligned = torch.randn(97, 8), torch.randn(128, 8)
+    padded = L._padded(odd)
+    assert padded.shape == (128, 8) and torch.equal(padded[:97], odd) and not padded[97:].any()
+    assert L._padded(aligned) is aligned
+

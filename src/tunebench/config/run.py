@@ -57,7 +57,7 @@ class RunConfig(BaseModel):
                             "auto: on for GPU training, off on the CPU and under zero3 (see compile_for)")
     compile_scope: Literal["auto", "blocks", "model"] = Field(
         "auto", description="with compile: blocks (each block its own graph; every strategy) or model (the whole "
-                            "model and its loss as one graph; strategy single; measured 1.9x blocks on GPT-2 "
+                            "model and its loss as one graph; strategy single; measured 1.35x blocks on GPT-2 "
                             "full); auto: blocks, which the planner models", json_schema_extra=LATER)
     seed: int = Field(0, json_schema_extra=MEASUREMENT)
     device: Literal["auto", "cuda", "cpu"] = Field("auto", json_schema_extra=MEASUREMENT)
