@@ -76,6 +76,13 @@ def test_compile_flag_is_a_switch_that_takes_auto(flags, expected):
     assert config_from(parse_run(list(flags))).compile == expected
 
 
+def test_compile_switch_before_the_config_file(tmp_path):
+    """`run --compile run.yaml` (a switch, then the file) still reads the file."""
+    (tmp_path / "run.yaml").write_text("model: tinygpt-124m\n")
+    cfg = config_from(parse_run(["--compile", str(tmp_path / "run.yaml")]))
+    assert cfg.compile is True and cfg.model == "tinygpt-124m"
+
+
 def test_plan_predicts_auto_as_compiled_on_gpus():
     gpu = match("H100")
     auto, eager = (predict(RunConfig(model="tinygpt-124m", seq_len=2048, batch_size=8, compile=c), gpu, 1)

@@ -93,6 +93,13 @@ def add_train_options(tr: argparse.ArgumentParser) -> None:
 
 def config_from(args: argparse.Namespace, cls: type[BaseModel] = RunConfig, **fixed: Any) -> Any:
     """The validated config of parsed arguments: the YAML file, the flags over it, then `fixed` over both."""
+    for name, field in cls.model_fields.items():
+        value = getattr(args, name, None)
+        # `--compile run.yaml`: a switch that takes a word took the config file; give it back
+        if (_is_switch_or_word(field.annotation) and isinstance(value, str) and value.endswith((".yaml", ".yml"))
+                and getattr(args, "config", "") is None):
+            args.config, value = value, True
+            setattr(args, name, value)
     overrides = {name: getattr(args, name, None) for name in cls.model_fields} | fixed
     return load_config(getattr(args, "config", None), cls, **overrides)
 
