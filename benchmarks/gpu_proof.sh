@@ -25,6 +25,7 @@
 #   bash benchmarks/gpu_proof.sh pure1     # issue 14: bf16-pure vs bf16 (GPT-2 vs plain compile, Llama-3.2-1B)
 #   bash benchmarks/gpu_proof.sh auto1     # issue 14: defaults (compile auto) on TinyGPT and the seeds' QLoRA
 #   bash benchmarks/gpu_proof.sh meta4     # issue 15: Llama-3-70B LoRA FSDP2 built on meta (4 GPUs), Llama-3-8B
+#   bash benchmarks/gpu_proof.sh gpt2cal   # the planner's GPT-2 constants, re-measured with the loss padded (2 GPUs)
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -232,6 +233,19 @@ meta4)
   [ -n "${WITH8B:-}" ] && tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 \
     --batch-size 2 --grad-ckpt --steps 12 --warmup 4 --optimizer adamw_fused --tag gpu-proof-meta4 2>&1 \
     | grep -v "step [0-9]*/"
+  ;;
+gpt2cal)
+  # TinyGPT as users run it now (compile auto, the loss's matmuls aligned): each strategy on 2 GPUs, one GPU
+  # eager and compiled, batch 8 and the seeds' batch 1 x accumulation 4
+  T="--model tinygpt-124m --seq-len 2048 --steps 20 --warmup 8 --tag gpu-proof-gpt2cal"
+  tb run $T --batch-size 8 --no-compile 2>&1 | grep -E "tokens/s  |peak memory"
+  tb run $T --batch-size 8 2>&1 | grep -E "tokens/s  |peak memory"
+  for s in ddp fsdp zero2 zero3; do
+    tb run $T --batch-size 8 --strategy $s --nproc-per-node 2 2>&1 | grep -E "tokens/s  |peak memory"
+  done
+  for s in ddp zero2; do
+    tb run $T --batch-size 1 --grad-accum 4 --strategy $s --nproc-per-node 2 2>&1 | grep -E "tokens/s  |peak memory"
+  done
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

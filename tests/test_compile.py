@@ -68,6 +68,19 @@ def test_compile_auto_is_on_for_gpu_training(strategy, device, expected):
     assert RunConfig(strategy=strategy, compile=True).resolved(device).compile is True
 
 
+@pytest.mark.parametrize("batch,seq,expected", [(8, 2048, True), (4, 2048, True), (1, 2048, False), (2, 1024, False)])
+def test_compile_auto_leaves_small_micro_batches_eager(batch, seq, expected):
+    """A GPT-2 block (7.1 M parameters) at 2048 tokens ran slower compiled (host-bound): auto keeps it eager."""
+    from tunebench.models import resolve_model
+    from tunebench.models.count import counts
+
+    per_block = counts(resolve_model("tinygpt-124m")).per_block
+    cfg = RunConfig(model="tinygpt-124m", strategy="ddp", batch_size=batch, seq_len=seq)
+    assert cfg.resolved("cuda", per_block).compile is expected
+    assert cfg.model_copy(update={"compile": True}).resolved("cuda", per_block).compile is True  # as asked
+    assert predict(cfg, match("H200"), 2).cfg.compile is expected  # the planner predicts what will run
+
+
 @pytest.mark.parametrize("flags,expected", [
     ((), "auto"), (("--compile",), True), (("--no-compile",), False), (("--compile", "auto"), "auto"),
     (("--compile", "false"), False), (("--compile", "on", "--strategy", "ddp"), True),

@@ -125,7 +125,9 @@ def test_a_signal_costs_at_most_one_step(local, tmp_path):
     assert p.returncode == 75  # preempted, with its checkpoint saved
     rec = json.loads(rest)
     saved = json.loads(next((out / "checkpoints").glob("step-*/state.json")).read_text())["step"]
-    assert rec["metrics"]["job"]["exit"] == "preempted" and seen <= saved <= seen + 1
+    # the step in flight when the signal lands finishes and is saved; the parent reads the log behind the
+    # child (a busy CI machine was seen one step behind), so the step it saw may be one before that one
+    assert rec["metrics"]["job"]["exit"] == "preempted" and seen <= saved <= seen + 2
 
 
 def test_pairs_and_chat_train_on_the_answer(tb, local, tmp_path):

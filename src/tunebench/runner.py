@@ -52,7 +52,8 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     """Every check that needs no weights. Raises UserError with one line naming the problem."""
     spec = resolve_model(cfg.model)
     requested, device = cfg, resolve_device(cfg.device, local_rank)
-    cfg = cfg.resolved(device.type)
+    n = counts(spec)
+    cfg = cfg.resolved(device.type, n.per_block if n else None)
     if spec.max_positions and cfg.seq_len > spec.max_positions:
         raise invalid("seq_len", cfg.seq_len, f"above the model's maximum of {spec.max_positions} positions")
     if device.type == "cpu" and cfg.precision == "fp16":

@@ -101,6 +101,14 @@ def run_config(config: dict) -> RunConfig:
     return RunConfig(**fields)
 
 
+def what_ran(r: ResultRecord) -> dict:
+    """A stored run's config with its 'auto' choices as they were made (precision, compile)."""
+    ran = r.config | {"precision": r.metrics.precision or r.config.get("precision")}
+    if r.config.get("compile") == "auto":
+        ran["compile"] = bool(r.metrics.compile_scope)
+    return ran
+
+
 def prediction_for(rec: ResultRecord, store: str | Path | None = None) -> dict | None:
     """What the planner says of a finished GPU training run (None on the CPU, or for a model it cannot plan):
     the record's metric names with the phase of the peak and what bounds the step."""
@@ -108,7 +116,7 @@ def prediction_for(rec: ResultRecord, store: str | Path | None = None) -> dict |
     if rec.kind != "train" or rec.environment.get("device") != "cuda" or gpu is None:
         return None
     try:
-        p = predict(run_config(rec.config), gpu, rec.metrics.world_size, measured_hw(store, gpu)).as_dict()
+        p = predict(run_config(what_ran(rec)), gpu, rec.metrics.world_size, measured_hw(store, gpu)).as_dict()
     except (UserError, ValueError):
         return None
     return {k: p[k] for k in STORED} | {"peak_phase": p["breakdown"]["peak_phase"], "bound": p["breakdown"]["bound"]}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tunebench.api.plan import what_ran
 from tunebench.api.records import finalize
 from tunebench.config import RunConfig, TrainConfig, workload_key
 from tunebench.console import say
@@ -20,6 +21,8 @@ from tunebench.environment import environment
 from tunebench.errors import UserError
 from tunebench.files import write_text
 from tunebench.launch import launcher_for
+from tunebench.models.count import counts
+from tunebench.models.spec import resolve_model
 from tunebench.record import ResultRecord
 from tunebench.runner import preflight
 from tunebench.store import Store, check_store_path, held_store
@@ -43,7 +46,8 @@ def predict(cfg: TrainConfig, precision: str, gpu: str | None, world: int, store
     (`precision`: the one that runs, 'auto' made concrete)."""
     if not store or not Path(store).is_file():
         return None
-    run = cfg.run_config().resolved("cuda" if gpu else "cpu")
+    shape = counts(resolve_model(cfg.model))
+    run = cfg.run_config().resolved("cuda" if gpu else "cpu", shape.per_block if shape else None)
     key = workload_key(RunConfig, run.model_dump() | {"precision": precision})
     with Store(store, create=False) as s:
         recs = [r for r in s.records("train") if r.status == "ok" and r.metrics.tokens_per_s
@@ -54,14 +58,6 @@ def predict(cfg: TrainConfig, precision: str, gpu: str | None, world: int, store
         return None
     r = recs[-1]
     return {"tokens_per_s": r.metrics.tokens_per_s, "source": f"stored run {r.id[:12]}", "record_id": r.id}
-
-
-def what_ran(r: ResultRecord) -> dict:
-    """A stored run's config with its 'auto' choices as they were made (precision, compile)."""
-    ran = r.config | {"precision": r.metrics.precision or r.config.get("precision")}
-    if r.config.get("compile") == "auto":
-        ran["compile"] = bool(r.metrics.compile_scope)
-    return ran
 
 
 def _announce(cfg: TrainConfig, total: int, world: int, pred: dict | None, gpu: str | None) -> None:

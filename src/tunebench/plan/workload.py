@@ -137,6 +137,6 @@ def workload(cfg: RunConfig, world: int) -> Workload:
                         f"architectures, not {spec.shape.get('model_type', 'this one')}")
     strategy = STRATEGIES[cfg.strategy]
     strategy.check(cfg, world, packages=False)
-    cfg = cfg.resolved("cuda")
+    cfg = cfg.resolved("cuda", c.per_block)
     targets = () if cfg.method == "full" else lora_targets(c, cfg.lora_targets)
     return Workload(cfg, spec, c, strategy, world, family, targets)
