@@ -21,8 +21,6 @@ from tunebench.environment import environment
 from tunebench.errors import UserError
 from tunebench.files import write_text
 from tunebench.launch import launcher_for
-from tunebench.models.count import counts
-from tunebench.models.spec import resolve_model
 from tunebench.record import ResultRecord
 from tunebench.runner import preflight
 from tunebench.store import Store, check_store_path, held_store
@@ -41,14 +39,12 @@ def total_steps(cfg: TrainConfig, rows: int, world: int) -> int:
     return cfg.max_steps or max(1, round(cfg.epochs * micro_per_epoch / cfg.grad_accum))
 
 
-def predict(cfg: TrainConfig, precision: str, gpu: str | None, world: int, store: str | Path | None) -> dict | None:
+def predict(ran: TrainConfig, gpu: str | None, world: int, store: str | Path | None) -> dict | None:
     """tokens/s of the newest ok benchmark of this workload on this GPU and world size, if the store has one
-    (`precision`: the one that runs, 'auto' made concrete)."""
+    (`ran`: the job's config with its 'auto' choices made, as preflight made them)."""
     if not store or not Path(store).is_file():
         return None
-    shape = counts(resolve_model(cfg.model))
-    run = cfg.run_config().resolved("cuda" if gpu else "cpu", shape.per_block if shape else None)
-    key = workload_key(RunConfig, run.model_dump() | {"precision": precision})
+    key = workload_key(RunConfig, ran.run_config().model_dump())
     with Store(store, create=False) as s:
         recs = [r for r in s.records("train") if r.status == "ok" and r.metrics.tokens_per_s
                 and r.metrics.job is None and r.metrics.world_size == world
@@ -112,7 +108,7 @@ def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | N
     inputs, _ = _prepare(cfg, plan)
     with held_store(store):
         gpu = environment(plan.device)["gpu"]["name"]
-        inputs.prediction = predict(cfg, plan.cfg.precision, gpu, plan.world_size, store)
+        inputs.prediction = predict(plan.cfg, gpu, plan.world_size, store)
         _announce(cfg, inputs.total, plan.world_size, inputs.prediction, gpu)
         output.write_identity(Path(cfg.output_dir), inputs.identity, cfg)
         started = time.perf_counter()

@@ -86,11 +86,11 @@ def adapter_slots(model: nn.Module) -> list[Slot]:
 
 
 def init_adapters(model: nn.Module, seed: int, device: torch.device) -> None:
-    """Draw the adapters of an unsharded model in place, as `materialize_shards` draws them sharded."""
+    """Draw the adapters of an unsharded model, as `materialize_shards` draws them sharded."""
     gen = torch.Generator(device=device).manual_seed(seed + ADAPTER_SEED_OFFSET)
     with torch.no_grad():
         for slot in adapter_slots(model):
-            slot.fill(getattr(slot.module, slot.name), gen)
+            _make_rows(slot, gen, device)
 
 
 def _rows(p: torch.Tensor) -> tuple[int, int]:
@@ -137,17 +137,23 @@ def materialize_shards(module: nn.Module, slots: list[Slot], device: torch.devic
     for m, n, b in buffers:  # rotary tables were computed on the CPU: keep their values, not empty memory
         m._buffers[n] = b.to(device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    adapters = adapter_slots(module)
-    agen = torch.Generator(device=device).manual_seed(seed + ADAPTER_SEED_OFFSET)
     with torch.no_grad():
-        for slot, g, from_file in [(s, gen, source is not None) for s in slots] + [(s, agen, False) for s in adapters]:
-            p = getattr(slot.module, slot.name)
-            local = p.to_local() if hasattr(p, "to_local") else p
-            start, stop = _rows(p)
-            if from_file:
-                local.copy_(source.rows(slot.key, start, stop))
-                continue
-            full = torch.empty(p.shape, device=device, dtype=local.dtype)
-            slot.fill(full, g)
-            local.copy_(full[start:stop])
-            del full
+        for slot in slots:
+            _make_rows(slot, gen, device, source)
+    init_adapters(module, seed, device)
+
+
+def _make_rows(slot: Slot, gen: torch.Generator, device: torch.device, source: SafetensorsRows | None = None) -> None:
+    """Fill this rank's rows of one parameter (all of it when unsharded): read from `source`, or drawn whole
+    and sliced, so the values never depend on how many ranks share it."""
+    p = getattr(slot.module, slot.name)
+    local = p.to_local() if hasattr(p, "to_local") else p
+    start, stop = _rows(p)
+    if source is not None:
+        local.copy_(source.rows(slot.key, start, stop))
+    elif local.shape == p.shape:  # unsharded: draw in place
+        slot.fill(local, gen)
+    else:
+        full = torch.empty(p.shape, device=device, dtype=local.dtype)
+        slot.fill(full, gen)
+        local.copy_(full[start:stop])
