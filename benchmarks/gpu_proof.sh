@@ -26,6 +26,11 @@
 #   bash benchmarks/gpu_proof.sh auto1     # issue 14: defaults (compile auto) on TinyGPT and the seeds' QLoRA
 #   bash benchmarks/gpu_proof.sh meta4     # issue 15: Llama-3-70B LoRA FSDP2 built on meta (4 GPUs), Llama-3-8B
 #   bash benchmarks/gpu_proof.sh gpt2cal   # the planner's GPT-2 constants, re-measured with the loss padded (2 GPUs)
+#   bash benchmarks/gpu_proof.sh qshard    # issue 15: QLoRA sharded: Llama-3-8B under fsdp/ddp/zero3, Llama-3-70B FSDP2
+#   bash benchmarks/gpu_proof.sh float8    # issue 15: Llama-3-8B full FSDP2, bf16 vs float8 tensorwise/rowwise
+#   bash benchmarks/gpu_proof.sh frontier8b  # issue 15: the same without full checkpointing (the planner says it fits)
+#   bash benchmarks/gpu_proof.sh x4        # issue 15 on 4 GPUs: 70B QLoRA and LoRA FSDP2, 8B float8 and bf16 b4
+#   bash benchmarks/gpu_proof.sh plainddp  # issue 15: TinyGPT DDP and ZeRO-2 vs the plain scripts, 1 and NPROC GPUs
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -233,6 +238,66 @@ meta4)
   [ -n "${WITH8B:-}" ] && tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 \
     --batch-size 2 --grad-ckpt --steps 12 --warmup 4 --optimizer adamw_fused --tag gpu-proof-meta4 2>&1 \
     | grep -v "step [0-9]*/"
+  ;;
+qshard)
+  # QLoRA with its 4-bit base sharded (packed into bf16): the same job under each strategy on 2 GPUs, then the
+  # 70B base (35 GB in 4 bits) built on meta and split over 2 GPUs; nvidia-smi every 2 s while it runs
+  Q="--method qlora --seq-len 2048 --batch-size 4 --grad-ckpt --tag gpu-proof-qshard"
+  show() { grep -E "status|tokens/s  |peak memory|setup|loss first|Error|error" ; }
+  tb run --model llama-3-8b $Q --strategy fsdp --nproc-per-node 2 --steps 10 --warmup 4 --run-timeout 200 2>&1 \
+    | show | tee "$OUT/qshard-8b.txt"
+  NC=""; grep -q "status: ok" "$OUT/qshard-8b.txt" || NC="--no-compile"  # the 70B run must not fail on compile
+  ( for i in $(seq 1 150); do nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits \
+      | tr '\n' ' '; echo; sleep 2; done ) > "$OUT/qshard-nvidia-smi.txt" 2>&1 &
+  SMI=$!
+  tb run --model llama-3-70b $Q --strategy fsdp --nproc-per-node 2 --steps 7 --warmup 3 --run-timeout 290 $NC 2>&1 \
+    | show
+  kill $SMI 2>/dev/null
+  for s in ddp zero3; do
+    tb run --model llama-3-8b $Q --strategy $s --nproc-per-node 2 --steps 10 --warmup 4 --run-timeout 100 2>&1 | show
+  done
+  ;;
+float8)
+  # Llama-3-8B full fine-tune on 2 GPUs, FSDP2 + per-block checkpointing, the issue's shape; the same seed and data
+  # in each, so the loss curves compare (bf16 against float8 tensorwise and rowwise)
+  python3 -c 'import torch, torchao; print("torchao", torchao.__version__)' 2>&1 | grep -v Enum | tail -1
+  F="--model llama-3-8b --method full --strategy fsdp --nproc-per-node 2 --seq-len 4096 --batch-size 2 --grad-ckpt"
+  F="$F --optimizer adamw_fused --steps 12 --warmup 4 --run-timeout 170 --tag gpu-proof-float8"
+  for r in off tensorwise rowwise; do
+    tb run $F --float8 $r 2>&1 | grep -E "status|tokens/s  |peak memory|MFU|setup|loss first|Error|error"
+  done
+  tb run --model llama-3-8b --method qlora --seq-len 2048 --batch-size 4 --grad-ckpt --tag gpu-proof-qshard \
+    --strategy zero2 --nproc-per-node 2 --steps 10 --warmup 4 --run-timeout 100 2>&1 \
+    | grep -E "status|tokens/s  |peak memory|setup|loss first|Error|error"
+  ;;
+frontier8b)
+  # Llama-3-8B full FSDP2 on 2 GPUs, s4096 b2: no checkpointing (83.9 GiB predicted of 141), one block in two
+  # checkpointed, and float8 tensorwise without checkpointing
+  F="--model llama-3-8b --method full --strategy fsdp --nproc-per-node 2 --seq-len 4096 --batch-size 2"
+  F="$F --optimizer adamw_fused --steps 12 --warmup 4 --run-timeout 170 --tag gpu-proof-frontier8b"
+  cases=("" "--grad-ckpt --ckpt-every 2" "--float8 tensorwise")
+  # B3=1: batch 3 (99.6 GiB predicted), bf16 and float8, the allocator told to grow segments rather than split them
+  [ -n "${B3:-}" ] && { cases=("--batch-size 3" "--batch-size 3 --float8 tensorwise");
+                        export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; }
+  for extra in "${cases[@]}"; do
+    tb run $F $extra 2>&1 | grep -E "status|tokens/s  |peak memory|MFU|setup|loss first|Error|error"
+  done
+  ;;
+x4)
+  # the issue's 4-GPU proofs, most wanted first (a short device budget may cut the tail)
+  show() { grep -E "status|tokens/s  |peak memory|MFU|setup|Error|error" ; }
+  L="--model llama-3-70b --strategy fsdp --nproc-per-node 4 --seq-len 2048 --batch-size 4 --grad-ckpt --steps 6"
+  L="$L --warmup 2 --run-timeout 150 --tag gpu-proof-x4"
+  E="--model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 4"
+  E="$E --optimizer adamw_fused --steps 10 --warmup 4 --run-timeout 110 --tag gpu-proof-x4"
+  tb run $L --method qlora 2>&1 | show
+  tb run $E --float8 tensorwise 2>&1 | show
+  tb run $L --method lora --optimizer adamw_fused 2>&1 | show
+  tb run $E 2>&1 | show
+  ;;
+plainddp)
+  python3 benchmarks/vs_plain_ddp.py --gpus 1,${NPROC:-4} --sides plain-ddp,ours-ddp,plain-zero2,ours-zero2 \
+    --out "$OUT/vs_plain_ddp.json" 2>&1 | tail -12
   ;;
 gpt2cal)
   # TinyGPT as users run it now (compile auto, the loss's matmuls aligned): each strategy on 2 GPUs, one GPU

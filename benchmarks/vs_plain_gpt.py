@@ -74,6 +74,22 @@ def plain_model(seq_len: int, drop: float):
     return GPT()
 
 
+def plain_train_step(fwd, model, opt, device_type: str, autocast: bool = True) -> Callable:
+    """The plain script's step on a batch of ids: bf16 autocast, backward, clipping at 1.0, the optimizer."""
+    import torch
+
+    def train(ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
+            loss = fwd(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return train
+
+
 def side_plain(a: argparse.Namespace, compiled: bool, drop: float) -> dict:
     import torch
 
@@ -85,16 +101,10 @@ def side_plain(a: argparse.Namespace, compiled: bool, drop: float) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=2e-4, weight_decay=0.0, fused=True)
     fwd = torch.compile(model) if compiled else model
     gen = torch.Generator(device=dev).manual_seed(0)
+    train = plain_train_step(fwd, model, opt, dev.type)
 
     def step() -> torch.Tensor:
-        ids = torch.randint(0, VOCAB, (a.batch_size, a.seq_len + 1), generator=gen, device=dev)
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            loss = fwd(ids[:, :-1], ids[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return train(torch.randint(0, VOCAB, (a.batch_size, a.seq_len + 1), generator=gen, device=dev))
 
     warmup_s, tokens_per_s, loss = bare_loop(step, a, sync)
     out = {"side": "plain" + ("-compile" if compiled else "") + ("" if drop else "-nodrop"), "status": "ok",

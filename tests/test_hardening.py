@@ -49,7 +49,8 @@ def test_deploy_checks_the_run_as_run_would(tb, tmp_path):
     code, _, err = tb("deploy", "k8s", "--name", "q", "--nodes", "4", "--gpus-per-node", "8", "--image", "r/tb:1",
                       "-o", str(out), "--", "run", "--model", "mistral-7b", "--method", "qlora")
     _one_line(code, err, "strategy=single with 32 processes")
-    for bad, needle in ((["--strategy", "fsdp"], "method=qlora"), (["--seq-len", "99999"], "seq_len"),
+    for bad, needle in ((["--strategy", "zero3", "--optimizer", "adamw_8bit"], "optimizer=adamw_8bit"),
+                        (["--seq-len", "99999"], "seq_len"),
                         (["--batch-size", "0"], "batch_size"), (["--bogus"], "--bogus")):
         code, _, err = tb("deploy", "slurm", "-o", str(out), "--", "run", "--model", "mistral-7b", "--method",
                           "qlora", *bad)

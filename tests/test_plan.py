@@ -51,6 +51,9 @@ def test_predictions_against_every_gpu_record(capsys):
         # GPT-2 runs since the loss pads odd vocabularies (aligned matmuls, 30-50% faster): the planner's GPT-2
         # constants predate them (plan says so); shown, not held to the goals, until they are re-measured
         whole = whole or (r.config["model"] == "tinygpt-124m" and r.created_at >= PADDED_LOSS_SINCE)
+        whole = whole or r.config.get("float8", "off") != "off"  # predicted as bf16 (plan says so)
+        # ZeRO-3 with QLoRA: DeepSpeed's gathering of the packed 4-bit base is not modelled (plan says so)
+        whole = whole or (r.config.get("strategy") == "zero3" and r.config["method"] == "qlora")
         apart += whole
         if not whole:
             mem_err.append(abs(em))
@@ -61,19 +64,21 @@ def test_predictions_against_every_gpu_record(capsys):
         if not short and not whole:
             tps_err.append(abs(et))
         c = r.config
+        compiled = r.metrics.compile_scope or c["compile"] is True  # records before compile_scope: the flag
         lines.append(f"{gpu.name:9} {c['model']:13} {c['method']:5} {c.get('strategy', 'single'):6} "
                      f"x{r.metrics.world_size} b{c['batch_size']}x{c['grad_accum']} s{c['seq_len']:<5}"
-                     f"{' ckpt' if c['grad_ckpt'] else '     '}{' compile' if c['compile'] else '        '} "
+                     f"{' ckpt' if c['grad_ckpt'] else '     '}{' compile' if compiled else '        '}"
+                     f"{' f8-' + c['float8'][:3] if c.get('float8', 'off') != 'off' else '       '} "
                      f"memory {r.metrics.peak_mem_allocated_bytes / 2**30:6.2f} GiB predicted "
                      f"{p.mem.peak_allocated / 2**30:6.2f} ({em:+6.1%})   tokens/s {r.metrics.tokens_per_s:9,.0f} "
                      f"predicted {p.tokens_per_s:9,.0f} ({et:+6.1%}){'  (short tune trial)' if short else ''}"
-                     f"{'  (whole-model compile or padded GPT-2 loss, not modelled)' if whole else ''}")
+                     f"{'  (not modelled: whole-model compile, padded GPT-2 loss, float8, QLoRA under ZeRO-3)' if whole else ''}")
     within_mem = sum(e <= MEMORY_GOAL for e in mem_err)
     within_tps = sum(e <= SPEED_GOAL for e in tps_err)
     with capsys.disabled():
         print(f"\nplanner vs {len(runs)} GPU runs in benchmarks/data: peak memory within 5% on {within_mem}, "
               f"tokens/s within 15% on {within_tps} of {len(tps_err)} ({cold} short tune trials and {apart} whole-model "
-              "compiled runs and padded-loss GPT-2 runs shown apart)")
+              "compiled, padded-loss GPT-2, float8 and ZeRO-3 QLoRA runs shown apart)")
         print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
     assert within_mem >= 0.9 * len(mem_err)
@@ -240,15 +245,18 @@ def test_plan_verdicts_follow_the_gpu(tb):
 
 
 def test_plan_compare_lists_strategies_and_refusals(tb):
-    code, out, _ = tb("plan", "--model", "mistral-7b", "--method", "qlora", "--gpu", "H100-80GB", "--compare",
-                      "--gpus", "1,2", "--json", "--no-store")
+    code, out, _ = tb("plan", "--model", "mistral-7b", "--method", "qlora", "--precision", "bf16-pure", "--gpu",
+                      "H100-80GB", "--compare", "--gpus", "1,2", "--json", "--no-store")
     rows = json.loads(out)
     assert code == 0
     assert {(r["strategy"], r["world_size"]) for r in rows} >= {("single", 1), ("ddp", 2), ("fsdp", 2)}
-    fsdp = next(r for r in rows if r["strategy"] == "fsdp")
-    assert fsdp["prediction"] is None and "QLoRA with FSDP2" in fsdp["refused"]
+    zero2 = next(r for r in rows if r["strategy"] == "zero2")
+    assert zero2["prediction"] is None and "precision=bf16-pure" in zero2["refused"]
     ddp = {r["world_size"]: r["prediction"] for r in rows if r["strategy"] == "ddp"}
     assert ddp[2]["tokens_per_s"] > 1.5 * ddp[1]["tokens_per_s"]
+    # FSDP2 shards QLoRA's base (4.0 GB on Mistral-7B): half leaves each GPU, less the root and blocks it gathers
+    fsdp = next(r for r in rows if r["strategy"] == "fsdp" and r["world_size"] == 2)["prediction"]
+    assert 1.2e9 < ddp[2]["peak_mem_allocated_bytes"] - fsdp["peak_mem_allocated_bytes"] < 2.0e9
 
 
 def test_plan_reads_a_train_config(tb, tmp_path):

@@ -188,6 +188,67 @@ def test_qlora_merge_dequantizes(tb, local, tmp_path):
     assert rec["status"] == "ok" and all(p.dtype == torch.bfloat16 for p in merged.parameters())
 
 
+@pytest.fixture(scope="module")
+def plain_curve(local, tmp_path_factory):
+    """The losses of 30 steps with every matmul in fp32."""
+    out = tmp_path_factory.mktemp("f8") / "off"
+    p = cli_subprocess(*_args(local, "--max-steps", "30", "--output-dir", str(out), "--no-store", "--json"), timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout)["metrics"]["losses"]
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_follows_the_full_precision_curve(local, tmp_path, plain_curve, recipe):
+    """float8 matmuls (torchao, on the CPU through torch's _scaled_mm) learn as the unconverted model does:
+    over 30 steps, while the loss falls from 5.8 to 1.5, the two curves stay within 0.05 of each other (seen:
+    0.01), and they are not the same curve (the layers did compute in float8)."""
+    out = tmp_path / recipe
+    p = cli_subprocess(*_args(local, "--max-steps", "30", "--output-dir", str(out), "--no-store", "--float8", recipe,
+                              "--json"), timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    curve = json.loads(p.stdout)["metrics"]["losses"]
+    assert len(curve) == len(plain_curve) == 30 and plain_curve[0] - plain_curve[-1] > 3
+    gaps = [abs(a - b) for a, b in zip(curve, plain_curve)]
+    assert 0 < max(gaps) < 0.05
+
+
+def test_float8_refusals(tb, local):
+    from tunebench.models.float8 import refusal
+
+    assert refusal((9, 0), "H100") is None and refusal((8, 9), "L4") is None
+    assert "compute capability 8.9" in refusal((8, 0), "A100")
+    for extra, needle in ((["--method", "lora"], "a LoRA/QLoRA base is frozen"),
+                          (["--strategy", "zero2", "--nproc-per-node", "2"], "not under DeepSpeed's zero2")):
+        code, _, err = tb(*_args(local, "--float8", "rowwise", "--no-store", *extra))
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "invalid float8=rowwise" in err and needle in err
+
+
+# zero3 (the base gathered from DeepSpeed's partitions) passes this test too, left out of the suite for its time
+@pytest.mark.parametrize("strategy", ["fsdp"])
+def test_sharded_qlora_merge_is_the_quantized_base_plus_the_adapter(tb, local, tmp_path, strategy):
+    """Under FSDP2 no rank holds the 4-bit base whole: merging gathers it. The merged model must be the local
+    checkpoint quantized to NF4 and back, with the trained adapter applied."""
+    import bitsandbytes.functional as bf
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "q"
+    rec = _json(tb, *_args(local, "--method", "qlora", "--max-steps", "6", "--merge", "--output-dir", str(out),
+                           "--no-store", "--strategy", strategy, "--nproc-per-node", "2"))
+    assert rec["status"] == "ok", rec["error"]
+    base = AutoModelForCausalLM.from_pretrained(local / "model", dtype=torch.float32)
+    with torch.no_grad():
+        for name, m in base.named_modules():
+            if isinstance(m, torch.nn.Linear) and name != "lm_head":
+                packed, state = bf.quantize_4bit(m.weight.data, blocksize=64, quant_type="nf4")
+                m.weight.copy_(bf.dequantize_4bit(packed, state).to(torch.bfloat16))
+        ids = torch.tensor([[1, 5, 9, 12, 7]])
+        want = PeftModel.from_pretrained(base, out / "adapter").eval()(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32).eval()
+        got = merged(ids).logits
+    assert (got - want).abs().max() < 1e-2 < want.abs().max()  # merged in bf16 (seen: 2.5e-3)
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--data", "/no/such/data.jsonl"], "does not exist"),
     (["--data", "{empty}"], "the file is empty"),
@@ -244,12 +305,14 @@ def test_prediction_from_a_stored_benchmark(tb, local, tmp_path):
     assert job["predicted_s"] == pytest.approx(10 * 4 * 64 / bench["metrics"]["tokens_per_s"])
 
 
-# DDP saves as one process does (tested above) and ZeRO-2 through ZeRO-3's DeepSpeed checkpoint: both pass this
-# test too, and are left out of the suite for its time
-@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
-def test_distributed_job_checkpointed_and_resumed(local, tmp_path, strategy):
+# DDP saves as one process does (tested above), ZeRO-2 and ZeRO-3 full through the DeepSpeed checkpoint that
+# zero3 QLoRA uses here: they pass this test too, and are left out of the suite for its time. QLoRA: only the
+# adapters are saved (FSDP2) or taken back (DeepSpeed, whose module state also holds bitsandbytes' quantization
+# keys); the 4-bit base is rebuilt as it was.
+@pytest.mark.parametrize("strategy,method", [("fsdp", "full"), ("fsdp", "qlora"), ("zero3", "qlora")])
+def test_distributed_job_checkpointed_and_resumed(local, tmp_path, strategy, method):
     common = _args(local, "--strategy", strategy, "--nproc-per-node", "2", "--batch-size", "2", "--max-steps", "8",
-                   "--no-store", "--json")
+                   "--method", method, "--no-store", "--json")
     whole = json.loads(cli_subprocess(*common, "--output-dir", str(tmp_path / "a"), timeout=300).stdout)
     cut = cli_subprocess(*common, "--save-every", "4", "--fault", "raise@5", "--output-dir", str(tmp_path / "b"),
                          timeout=300)
@@ -258,7 +321,7 @@ def test_distributed_job_checkpointed_and_resumed(local, tmp_path, strategy):
                                         str(tmp_path / "b"), timeout=300).stdout)
     assert resumed["metrics"]["job"]["resumed_from"].endswith("step-000004")
     assert resumed["metrics"]["losses"] == pytest.approx(whole["metrics"]["losses"], abs=1e-5)
-    if strategy != "fsdp":
+    if (strategy, method) != ("fsdp", "full"):
         return
     wrong = cli_subprocess(*[a if a != "2" or i != common.index("--nproc-per-node") + 1 else "1"
                              for i, a in enumerate(common)], "--resume", "latest", "--output-dir",

@@ -11,9 +11,16 @@ Names are imported on first use, so `import tunebench` (and `tunebench --help`) 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 __version__ = "0.1.0"
+
+# torchao's wheels carry compiled kernels for one CUDA and torch build; elsewhere (a CPU machine, another CUDA)
+# each fails to load with a warning as soon as transformers imports torchao, though float8 training needs none of
+# them; and its registration of enums with torch's pytree warns of a deprecation on newer torch. Errors still show.
+for _name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 _EXPORTS = {
     "RunConfig": "tunebench.config", "load_config": "tunebench.config", "UserError": "tunebench.errors",

@@ -38,6 +38,7 @@ from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import build_model, load_meta_model, resolve_model
 from tunebench.models.build import build_meta
 from tunebench.models.count import counts, training_floor_bytes
+from tunebench.models.float8 import refusal as float8_refusal
 from tunebench.models.shards import init_adapters, materialize_shards
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import JobFigures, RankFigures, ResultRecord
@@ -65,6 +66,8 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
         raise invalid("nproc_per_node", nproc, f"only {torch.cuda.device_count()} GPUs are visible on this node")
     world = nproc * cfg.nnodes
     strategy = check_strategy(cfg, world)
+    if cfg.float8 != "off":
+        _check_float8(cfg, device, strategy.deepspeed)
     if cfg.method == "qlora":
         require("bitsandbytes", "method=qlora")
     if cfg.optimizer in BNB_OPTIMIZERS:
@@ -76,6 +79,20 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     if cfg.method != "full":
         check_targets(load_meta_model(spec, cfg), cfg.lora_targets)  # meta: no memory, no weights
     return Plan(cfg, device, spec, world, strategy, requested)
+
+
+def _check_float8(cfg: RunConfig, device: torch.device, deepspeed: bool) -> None:
+    if cfg.method != "full":
+        raise invalid("float8", cfg.float8, "float8 trains the weights of a full fine-tune; a LoRA/QLoRA base is "
+                                            "frozen (use float8=off)")
+    if deepspeed:
+        raise invalid("float8", cfg.float8, f"torchao's float8 layers run under single, ddp or fsdp, not under "
+                                            f"DeepSpeed's {cfg.strategy}")
+    if device.type == "cuda":
+        why = float8_refusal(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device))
+        if why:
+            raise invalid("float8", cfg.float8, why)
+    require("torchao", f"float8={cfg.float8}", "pip install torchao")
 
 
 def _check_host_memory(cfg: RunConfig, spec, nproc: int) -> None:
@@ -154,7 +171,9 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     if meta:
         model, out.weights = meta.model, meta.weights
     else:
-        model, out.weights = build_model(spec, cfg, device, progress=_build_progress(spec.name) if big else None)
+        # DeepSpeed casts every parameter to its dtype: a 4-bit base packed into that dtype comes through intact
+        model, out.weights = build_model(spec, cfg, device, progress=_build_progress(spec.name) if big else None,
+                                         float_storage=strategy.deepspeed)
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         checkpoint_every(transformer_blocks(model, spec.num_layers), cfg.ckpt_every)

@@ -60,6 +60,11 @@ class RunConfig(BaseModel):
         "auto", description="with compile: blocks (each block its own graph; every strategy) or model (the whole "
                             "model and its loss as one graph; strategy single; measured 1.35x blocks on GPT-2 "
                             "full); auto: blocks, which the planner models", json_schema_extra=LATER)
+    float8: Literal["off", "tensorwise", "rowwise"] = Field(
+        "off", description="full fine-tuning: the blocks' linear layers compute in float8 through torchao (GPUs of "
+                           "compute capability 8.9+; master weights and optimizer state unchanged); tensorwise: one "
+                           "scale per tensor (float8 all-gather under fsdp), rowwise: one per row",
+        json_schema_extra=LATER)
     seed: int = Field(0, json_schema_extra=MEASUREMENT)
     device: Literal["auto", "cuda", "cpu"] = Field("auto", json_schema_extra=MEASUREMENT)
     strategy: Strategy = "single"

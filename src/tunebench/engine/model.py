@@ -16,8 +16,11 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def _numel(p: torch.Tensor) -> int:
     """Parameters a tensor stands for: a packed 4-bit weight counts its unpacked shape, as LoRA's base does."""
+    shape = getattr(p, "unpacked_shape", None)  # a sharded 4-bit placeholder (models.sharded4bit)
     qs = getattr(p, "quant_state", None)
-    return int(torch.Size(qs.shape).numel()) if qs is not None and getattr(qs, "shape", None) else p.numel()
+    if shape is None and qs is not None:
+        shape = getattr(qs, "shape", None)
+    return int(torch.Size(shape).numel()) if shape else p.numel()
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:

@@ -12,7 +12,7 @@ Training and inference describe what they want as ``Weights``; ``build`` does th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -23,7 +23,7 @@ from transformers.pytorch_utils import Conv1D
 
 from tunebench.config import RunConfig
 from tunebench.models.attention import sdpa_causal
-from tunebench.models.shards import SafetensorsRows, Slot, base_fill, base_slots
+from tunebench.models.shards import Quantized, SafetensorsRows, Slot, base_fill, base_slots
 from tunebench.models.spec import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -49,6 +49,9 @@ class Weights:
     attn: str = "sdpa"
     seed: int = 0
     use_cache: bool = False  # training needs no KV cache; generation does
+    # what 4-bit weights are packed into: bytes, or the unquantized dtype where a strategy casts or shards every
+    # parameter (DeepSpeed, FSDP2), which then leaves the packed weights as they are
+    storage: torch.dtype = torch.uint8
 
 
 def compute_dtype(cfg: RunConfig) -> torch.dtype:
@@ -57,12 +60,14 @@ def compute_dtype(cfg: RunConfig) -> torch.dtype:
     return DTYPES.get(cfg.precision, torch.bfloat16)  # 'auto' not yet made concrete: only shapes are asked
 
 
-def train_weights(cfg: RunConfig) -> Weights:
+def train_weights(cfg: RunConfig, float_storage: bool = False) -> Weights:
+    """`float_storage`: pack 4-bit weights into the precision's dtype (for a strategy that casts or shards them)."""
     # Full training keeps fp32 master weights under autocast (mixed precision), unless bf16-pure; frozen
     # LoRA/QLoRA bases are stored in the compute dtype, which halves their memory and needs no casts.
     dtype = torch.float32 if cfg.method == "full" and cfg.precision != "bf16-pure" else compute_dtype(cfg)
+    storage = DTYPES.get(cfg.precision, torch.bfloat16) if float_storage else torch.uint8
     return Weights(dtype, cfg.quant if cfg.method == "qlora" else None, compute_dtype(cfg), cfg.double_quant,
-                   cfg.attn, cfg.seed)
+                   cfg.attn, cfg.seed, storage=storage)
 
 
 def load_meta_model(spec: ModelSpec, cfg: RunConfig | Weights) -> PreTrainedModel:
@@ -86,18 +91,19 @@ def quantizable_linears(model: PreTrainedModel) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if is_linear(m) and m is not head]
 
 
-def _replace_with_quantized(model: PreTrainedModel, w: Weights) -> None:
+def _replace_with_quantized(model: PreTrainedModel, w: Weights, layer: type | None = None) -> None:
+    """Swap the linears for bitsandbytes ones on meta (`layer`: the 4-bit class, bitsandbytes' by default)."""
     import bitsandbytes as bnb
 
+    layer = layer or bnb.nn.Linear4bit
     for name, lin in quantizable_linears(model):
         # Conv1D (GPT-2) stores its weight as (in, out); Linear as (out, in).
         out_f, in_f = (lin.weight.shape[1], lin.weight.shape[0]) if isinstance(lin, Conv1D) else lin.weight.shape
         if w.quant == "int8":
             q = bnb.nn.Linear8bitLt(in_f, out_f, bias=lin.bias is not None, has_fp16_weights=False, device="meta")
         else:
-            q = bnb.nn.Linear4bit(in_f, out_f, bias=lin.bias is not None, compute_dtype=w.compute_dtype,
-                                  compress_statistics=w.double_quant, quant_type=w.quant,
-                                  quant_storage=torch.uint8, device="meta")
+            q = layer(in_f, out_f, bias=lin.bias is not None, compute_dtype=w.compute_dtype,
+                      compress_statistics=w.double_quant, quant_type=w.quant, quant_storage=w.storage, device="meta")
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, q)
     if w.quant == "int8":
@@ -151,7 +157,7 @@ def _quantized_weight(module: nn.Module, device: torch.device, w: Weights, std: 
         q = bnb.nn.Int8Params(full, requires_grad=False, has_fp16_weights=False)
     else:
         q = bnb.nn.Params4bit(full, requires_grad=False, quant_type=w.quant, compress_statistics=w.double_quant,
-                              quant_storage=torch.uint8, module=module)
+                              quant_storage=w.storage, module=module)
     return q.to(device)  # quantizes; the bf16 tensor is freed when `full` goes out of scope
 
 
@@ -173,7 +179,7 @@ def quantization_config(w: Weights):
     if w.quant == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=w.quant, bnb_4bit_use_double_quant=w.double_quant,
-                              bnb_4bit_compute_dtype=w.compute_dtype, bnb_4bit_quant_storage=torch.uint8)
+                              bnb_4bit_compute_dtype=w.compute_dtype, bnb_4bit_quant_storage=w.storage)
 
 
 def from_pretrained(path, w: Weights, device: torch.device) -> PreTrainedModel:
@@ -210,17 +216,37 @@ class MetaBuild:
     source: SafetensorsRows | None  # the local checkpoint's rows (None: random weights)
 
 
+def _float8(model: PreTrainedModel, cfg: RunConfig) -> None:
+    """Swap the linears for float8 ones when asked: before any slot names them or a strategy wraps them."""
+    if cfg.float8 != "off":
+        from tunebench.models.float8 import to_float8
+
+        to_float8(model, cfg.float8, fsdp_all_gather=cfg.strategy == "fsdp")
+
+
 def build_meta(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> MetaBuild:
-    """The training model of `cfg` on meta, for a strategy that shards it before any weight exists."""
-    w = train_weights(cfg.resolved(device.type))
-    if w.quant:
-        raise ValueError("a quantized model is built whole (bitsandbytes quantizes while creating it)")
+    """The training model of `cfg` on meta, for a strategy that shards it before any weight exists. A QLoRA
+    base gets 4-bit layers whose packed bytes are stored in the dtype the strategy computes in (models.sharded4bit)."""
+    w = train_weights(cfg.resolved(device.type), float_storage=True)
     model = load_meta_model(spec, w)
     source = SafetensorsRows(spec.path) if spec.has_weights else None
-    return MetaBuild(model, "safetensors" if source else "random", base_slots(model), source)
+    if not w.quant:
+        _float8(model, cfg)
+        return MetaBuild(model, "safetensors" if source else "random", base_slots(model), source)
+    from tunebench.models.sharded4bit import ShardedLinear4bit, packed_placeholders, quantizer
+
+    _replace_with_quantized(model, w, ShardedLinear4bit)
+    slots = [replace(s, quantized=Quantized(torch.Size((s.module.out_features, s.module.in_features)),
+                                            w.compute_dtype, quantizer(s.module, w.storage)))
+             if isinstance(s.module, ShardedLinear4bit) and s.name == "weight" else s for s in base_slots(model)]
+    packed_placeholders(model, w.storage)
+    return MetaBuild(model, "safetensors" if source else "random", slots, source)
 
 
 def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device,
-                progress: Callable[[float], None] | None = None) -> tuple[PreTrainedModel, str]:
-    """The training model of a run configuration on `device`."""
-    return build(spec, train_weights(cfg.resolved(device.type)), device, progress)
+                progress: Callable[[float], None] | None = None,
+                float_storage: bool = False) -> tuple[PreTrainedModel, str]:
+    """The training model of a run configuration on `device` (`float_storage`: see train_weights)."""
+    model, weights = build(spec, train_weights(cfg.resolved(device.type), float_storage), device, progress)
+    _float8(model, cfg)
+    return model, weights

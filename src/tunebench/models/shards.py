@@ -7,7 +7,9 @@ parameter at a time, so that no rank ever holds more than its shards plus one pa
 - random weights (presets): each full parameter is drawn on the device in the order and from the
   generator of an unsharded build (``tunebench.models.build``), its rows kept, the rest freed. Every
   strategy therefore starts from the same weights, and losses compare across strategies;
-- local safetensors: only the rank's row range of each tensor is read from the (memory-mapped) file.
+- local safetensors: only the rank's row range of each tensor is read from the (memory-mapped) file;
+- 4-bit weights (QLoRA, ``models.sharded4bit``): each weight is drawn or read whole, quantized on the device,
+  and the rank keeps its rows of the packed bytes (the quantization state, small, stays whole on every rank).
 
 LoRA adapters are drawn the same way on every path (``init_adapters``): A kaiming-uniform as peft does,
 B zero, from a generator of their own, so a sharded LoRA run starts where an unsharded one does.
@@ -30,6 +32,15 @@ ADAPTER_SEED_OFFSET = 1_000_003  # the adapters' generator: apart from the base 
 
 
 @dataclass(frozen=True)
+class Quantized:
+    """A weight stored packed: made whole in `dtype` with `shape`, then `pack` returns the bytes to shard."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    pack: Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
 class Slot:
     """One parameter to make: where it lives and how its values are drawn."""
 
@@ -37,6 +48,7 @@ class Slot:
     name: str  # the parameter's name in its module
     key: str  # its name in the model: the checkpoint's key
     fill: Callable[[torch.Tensor, torch.Generator], None]  # draws a full tensor's values in place
+    quantized: Quantized | None = None  # the parameter holds packed 4-bit bytes of this weight
 
 
 def _normal(std: float) -> Callable[[torch.Tensor, torch.Generator], None]:
@@ -149,7 +161,15 @@ def _make_rows(slot: Slot, gen: torch.Generator, device: torch.device, source: S
     p = getattr(slot.module, slot.name)
     local = p.to_local() if hasattr(p, "to_local") else p
     start, stop = _rows(p)
-    if source is not None:
+    if slot.quantized is not None:  # the whole weight made and quantized, its packed rows kept
+        q = slot.quantized
+        if source is not None:
+            full = source.rows(slot.key, 0, q.shape[0]).to(device=device, dtype=q.dtype)
+        else:
+            full = torch.empty(q.shape, device=device, dtype=q.dtype)
+            slot.fill(full, gen)
+        local.copy_(q.pack(full)[start:stop])
+    elif source is not None:
         local.copy_(source.rows(slot.key, start, stop))
     elif local.shape == p.shape:  # unsharded: draw in place
         slot.fill(local, gen)

@@ -72,16 +72,18 @@ def _weights(w: Workload) -> list[Item]:
                                                                         else ""))]
     adapters = Item("LoRA adapters", w.param_bytes * w.lora_params / w.sharded,
                     f"{'bf16' if w.pure else 'fp32'}, rank {w.cfg.lora_rank}")
+    ws = w.weights_sharded
+    shard = f", 1/{ws} shard" if ws > 1 else ""
     if w.cfg.method == "lora":
-        return [Item("weights", cb * n / w.sharded, "frozen base in the compute dtype"), adapters]
+        return [Item("weights", cb * n / ws, "frozen base in the compute dtype" + shard), adapters]
     nb = c.block_linears
     if w.cfg.double_quant:  # uint8 absmax per 64 weights, fp32 absmax per 256 of those
         constants, how = nb / 64 + nb / 64 / 256 * 4, "double-quantized absmax"
     else:
         constants, how = nb / 64 * 4, "fp32 absmax per 64 weights"
-    return [Item("weights", nb / 2, f"{w.cfg.quant.upper()} block linears, 4 bits"),
-            Item("quantization constants", constants, how),
-            Item("weights (not quantized)", cb * (n - nb), "embeddings, norms, head in the compute dtype"),
+    return [Item("weights", nb / 2 / ws, f"{w.cfg.quant.upper()} block linears, 4 bits" + shard),
+            Item("quantization constants", constants, how + (", whole on every GPU" if ws > 1 else "")),
+            Item("weights (not quantized)", cb * (n - nb) / ws, "embeddings, norms, head in the compute dtype" + shard),
             adapters]
 
 
@@ -106,8 +108,12 @@ def _working(w: Workload) -> list[Item]:
     c, cb = w.counts, w.compute_bytes
     if w.strategy.name == "fsdp" and w.world >= 1:
         root = c.embeddings + (0 if c.tied else c.head) + w.spec.hidden_size
+        block = cb * c.per_block
+        if w.cfg.method == "qlora":  # a block's linears gathered packed, 4 bits each
+            linears = c.block_linears / w.layers
+            block = linears / 2 + cb * (c.per_block - linears)
         return [Item("unsharded root", cb * root, "embeddings, head, final norm gathered for forward and backward"),
-                Item("unsharded blocks", 2 * cb * c.per_block, "the running block and the one prefetched")]
+                Item("unsharded blocks", 2 * block, "the running block and the one prefetched")]
     if w.strategy.name == "zero3":
         return [Item("gathered parameters", 2 * min(DS_BUCKET, w.counts.total), "prefetch bucket, bf16"),
                 Item("gradient bucket", 2 * DS_BUCKET, "DeepSpeed's contiguous reduce buffer, bf16")]

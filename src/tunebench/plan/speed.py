@@ -94,13 +94,12 @@ def _network(w: Workload, hw: Hardware, compute: float) -> float:
     if name == "ddp":  # all-reduce of the gradients, fp32 (bf16-pure: bf16) (ring: 2(W-1)/W of the bytes)
         t = 2 * share * w.param_bytes * n / hw.collective("all_reduce", nodes)
     elif name == "fsdp":  # bf16 all-gathers in forward and backward, fp32 reduce-scatter, per micro-batch
-        params = w.counts.total * w.compute_bytes
-        t = w.cfg.grad_accum * share * 2 * params / hw.collective("all_gather", nodes)
+        t = w.cfg.grad_accum * share * 2 * w.gathered_bytes / hw.collective("all_gather", nodes)
         t += share * 4 * n / hw.collective("reduce_scatter", nodes)
     elif name == "zero2":  # bf16 reduce-scatter of gradients, all-gather of updated weights
         t = share * 2 * n / hw.collective("reduce_scatter", nodes) + share * 2 * n / hw.collective("all_gather", nodes)
     else:  # zero3: weights gathered for forward and backward, gradients reduce-scattered
-        t = w.cfg.grad_accum * share * 4 * w.counts.total / hw.collective("all_gather", nodes)
+        t = w.cfg.grad_accum * share * 2 * w.gathered_bytes / hw.collective("all_gather", nodes)
         t += share * 2 * n / hw.collective("reduce_scatter", nodes)
     latency = w.cfg.grad_accum * w.layers * COLLECTIVE_LATENCY_PER_BLOCK.get(name, 0.0)
     return max(t - HIDDEN_BEHIND_COMPUTE[name] * compute, 0.0) + latency

@@ -106,6 +106,19 @@ class Workload:
         return self.world if self.strategy.name in ("fsdp", "zero2", "zero3") else 1
 
     @property
+    def gathered_bytes(self) -> float:
+        """Bytes of every weight as a sharding strategy gathers it for compute: QLoRA's block linears packed."""
+        c, cb = self.counts, self.compute_bytes
+        if self.cfg.method == "qlora":
+            return c.block_linears / 2 + cb * (c.total - c.block_linears)
+        return cb * c.total
+
+    @property
+    def weights_sharded(self) -> int:
+        """How many GPUs share the weights themselves (ZeRO-2 shards only gradients and optimizer state)."""
+        return self.world if self.strategy.name in ("fsdp", "zero3") else 1
+
+    @property
     def fused_head(self) -> bool:
         """The head's matmul is fused with the loss (engine.loss); else chunks recomputed in backward."""
         return self.strategy.fused_head and (self.full or "lm_head" not in self.cfg.lora_targets)

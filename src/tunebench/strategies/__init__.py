@@ -73,19 +73,15 @@ class Strategy:
         return apply(module, blocks, cfg, device, world_size, **self.options, **extra)
 
 
-_QLORA_DS = "bitsandbytes 4-bit layers are not partitioned or cast by DeepSpeed; use ddp or single"
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("single", "one process, no wrapping", "single", one_process=True, whole_compile=True),
     Strategy("ddp", "PyTorch DDP: full replicas, gradients all-reduced in buckets", "ddp"),
     Strategy("fsdp", "FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded", "fsdp",
-             meta_init=True,
-             refuses={"qlora": "QLoRA with FSDP2 needs 4-bit weights stored as bf16 (quant_storage) sharded by "
-                               "FSDP, not built yet; use ddp or single"}),
+             meta_init=True),
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero", {"stage": 2},
-             refuses={"qlora": _QLORA_DS}, deepspeed=True),
+             deepspeed=True),
     Strategy("zero3", "DeepSpeed ZeRO-3: parameters sharded too", "zero", {"stage": 3},
-             refuses={"qlora": "QLoRA with ZeRO-3 needs bf16 quant storage support, not built yet; use ddp or "
-                               "single"}, fused_head=False, deepspeed=True),
+             fused_head=False, deepspeed=True),
 )}
 
 

@@ -43,5 +43,15 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
 
     params = [p for p in module.parameters() if p.requires_grad]
     ts = torch_step(module, params, build_optimizer(params, cfg), cfg, device, no_sync=no_sync)
+    if cfg.float8 == "tensorwise":  # weights all-gathered in float8 (models.float8): their scales once per step
+        from tunebench.models.float8 import precompute_scales
+
+        step = ts.update
+
+        def update() -> None:
+            step()
+            precompute_scales(module)
+
+        ts.update = update
     ts.state = Sharded(module, ts.optimizer, frozen_base=cfg.method != "full")
     return ts

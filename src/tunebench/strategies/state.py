@@ -72,7 +72,9 @@ class Sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         self.module, self.optimizer = module, optimizer
-        self.options = StateDictOptions(ignore_frozen_params=frozen_base)
+        # a frozen base is rebuilt as it was (same seed or checkpoint) and left out of the checkpoint; loading
+        # then expects only what trains
+        self.options = StateDictOptions(ignore_frozen_params=frozen_base, strict=not frozen_base)
 
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -102,15 +104,18 @@ class Sharded:
 
 
 class DeepSpeedState:
-    def __init__(self, engine: Any, stage: int):
+    def __init__(self, engine: Any, stage: int, quantized_base: bool = False):
         self.engine, self.stage = engine, stage
+        # bitsandbytes saves a 4-bit weight's quantization state as extra keys its partitioned layer does not take
+        # back; the base is rebuilt as it was, and what trains is restored from the optimizer's partitions
+        self.strict = not quantized_base
 
     def save(self, path: Path, ctx) -> None:
         self.engine.save_checkpoint(str(path / "deepspeed"), tag="state")
 
     def load(self, path: Path, ctx) -> None:
         self.engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_optimizer_states=True,
-                                    load_lr_scheduler_states=False)
+                                    load_lr_scheduler_states=False, load_module_strict=self.strict)
 
     def export(self, ctx) -> dict[str, Any] | None:
         if self.stage == 3:

@@ -53,4 +53,4 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
 
     # `optimizer`: ours, whose param groups DeepSpeed's optimizer steps with (a schedule sets their lr)
     return TrainStep(micro, update=lambda: None, module=engine, optimizer=optimizer,
-                     state=DeepSpeedState(engine, stage))
+                     state=DeepSpeedState(engine, stage, quantized_base=cfg.method == "qlora"))

@@ -44,14 +44,22 @@ def write_outputs(trainable, cfg, spec, tokenizer, out: Path, ctx: DistContext) 
     return paths
 
 
-def _dequantized(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Each 4-bit weight of the live model, dequantized to bf16, by its state-dict name."""
+def _dequantized(model: torch.nn.Module, sd: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Each 4-bit weight dequantized to bf16, by its state-dict name. The packed bytes come from `sd` (gathered
+    whole by a sharding strategy) or the live layer; the quantization state from the weight, or from the layer
+    where a sharding strategy keeps it (models.sharded4bit)."""
+    import bitsandbytes as bnb
     import bitsandbytes.functional as bf
 
     out = {}
     for name, m in model.named_modules():
-        if type(m).__name__ == "Linear4bit" and getattr(m.weight, "quant_state", None) is not None:
-            out[f"{name}.weight"] = bf.dequantize_4bit(m.weight.data, m.weight.quant_state).to(torch.bfloat16).cpu()
+        if not isinstance(m, bnb.nn.Linear4bit):
+            continue
+        state = getattr(m.weight, "quant_state", None) or getattr(m, "quant_state", None)
+        packed = sd.get(f"{name}.weight", m.weight.data)
+        if state is None or packed.numel() == 0:
+            raise RuntimeError(f"cannot merge: {name} has no quantization state or weights here")
+        out[f"{name}.weight"] = bf.dequantize_4bit(packed.to(state.absmax.device), state).to(torch.bfloat16).cpu()
     return out
 
 
@@ -60,7 +68,7 @@ def merge(model: torch.nn.Module, sd: dict[str, Any], cfg, spec, tokenizer, dest
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    sd = {k: v for k, v in sd.items()} | (_dequantized(model) if cfg.method == "qlora" else {})
+    sd = {k: v for k, v in sd.items()} | (_dequantized(model, sd) if cfg.method == "qlora" else {})
     fresh = AutoModelForCausalLM.from_config(spec.hf_config, dtype=torch.bfloat16)
     fresh = get_peft_model(fresh, model.peft_config["default"])
     wanted = fresh.state_dict()
