@@ -51,11 +51,12 @@ def test_predictions_against_every_gpu_record(capsys):
         # GPT-2 runs since the loss pads odd vocabularies (aligned matmuls, 30-50% faster): the planner's GPT-2
         # constants predate them (plan says so); shown, not held to the goals, until they are re-measured
         whole = whole or (r.config["model"] == "tinygpt-124m" and r.created_at >= PADDED_LOSS_SINCE)
-        whole = whole or r.config.get("float8", "off") != "off"  # predicted as bf16 (plan says so)
+        # float8's memory is predicted as bf16's (plan says so): its tokens/s held to the goal, its memory shown
+        float8 = r.config.get("float8", "off") != "off"
         # ZeRO-3 with QLoRA: DeepSpeed's gathering of the packed 4-bit base is not modelled (plan says so)
         whole = whole or (r.config.get("strategy") == "zero3" and r.config["method"] == "qlora")
         apart += whole
-        if not whole:
+        if not whole and not float8:
             mem_err.append(abs(em))
         # tune trials of the first tunes ran 3 warmup steps: not yet steady (the same DDP configuration ran
         # 36% slower than in a full run); their throughput is shown, not held to the goal
@@ -72,13 +73,14 @@ def test_predictions_against_every_gpu_record(capsys):
                      f"memory {r.metrics.peak_mem_allocated_bytes / 2**30:6.2f} GiB predicted "
                      f"{p.mem.peak_allocated / 2**30:6.2f} ({em:+6.1%})   tokens/s {r.metrics.tokens_per_s:9,.0f} "
                      f"predicted {p.tokens_per_s:9,.0f} ({et:+6.1%}){'  (short tune trial)' if short else ''}"
-                     f"{'  (not modelled: whole-model compile, padded GPT-2 loss, float8, QLoRA under ZeRO-3)' if whole else ''}")
+                     f"{'  (not modelled: whole-model compile, padded GPT-2 loss, QLoRA under ZeRO-3)' if whole else ''}"
+                     f"{'  (float8: memory predicted as bf16)' if float8 else ''}")
     within_mem = sum(e <= MEMORY_GOAL for e in mem_err)
     within_tps = sum(e <= SPEED_GOAL for e in tps_err)
     with capsys.disabled():
         print(f"\nplanner vs {len(runs)} GPU runs in benchmarks/data: peak memory within 5% on {within_mem}, "
               f"tokens/s within 15% on {within_tps} of {len(tps_err)} ({cold} short tune trials and {apart} whole-model "
-              "compiled, padded-loss GPT-2, float8 and ZeRO-3 QLoRA runs shown apart)")
+              "compiled, padded-loss GPT-2 and ZeRO-3 QLoRA runs shown apart; float8 memory too)")
         print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
     assert within_mem >= 0.9 * len(mem_err)

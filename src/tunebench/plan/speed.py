@@ -3,6 +3,7 @@
   matmuls      FLOPs of every GEMM (blocks, head, adapters; recompute under checkpointing) at the matmul
                ceiling, scaled down for narrow models and short micro-batches (measured: 31% of MAMF at
                hidden 768, 95% at 2048; 20% less again with 2048 tokens than with 16384)
+               (float8: the blocks' GEMMs 1.45x faster tensorwise, 1.3x rowwise, casts included; measured)
   attention    causal flash attention, forward + backward (2.5x), at 45% of the dense peak
   elementwise  memory-bound kernels: 8.6-10.5 bytes moved per byte an op keeps for backward, 5.8-6.5 compiled
                (measured per architecture on an H200), the loss's fp32 logits, QLoRA's dequantization
@@ -24,6 +25,9 @@ from tunebench.plan.hardware import Hardware
 from tunebench.plan.workload import Workload
 
 ATTENTION_OF_PEAK = 0.45
+# float8 (torchao) block GEMMs against bf16, casts to float8 included, compiled: fitted on Llama-3-8B full FSDP2 on
+# 2 and 4 H200s (tensorwise: 4 runs, within 5%; rowwise: 1 run); float8's tensor-core peak is 2x bf16's
+FLOAT8_GEMM_SPEEDUP = {"off": 1.0, "tensorwise": 1.45, "rowwise": 1.3}
 ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 6.5, ("llama", False): 10.5,
                                ("llama", True): 5.8}  # (architecture, compiled)
 LOSS_BYTES_PER_LOGIT = 30
@@ -60,7 +64,9 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     blocks = c.block_linears * (6 if w.full else 4) + 2 * c.block_linears * share
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
     adapters = w.lora_params * (6 + 2 * share)
-    gemm = (blocks + head) * tokens / (hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens))
+    ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens)
+    # float8: the blocks' GEMMs (not the head's) at float8's effective speedup, its casts included
+    gemm = (blocks / FLOAT8_GEMM_SPEEDUP.get(cfg.float8, 1.0) + head) * tokens / ceiling
     gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
     q = s.num_heads * s.head_dim
     attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share) * tokens
