@@ -64,3 +64,32 @@ def test_schema_v1_records_still_read(tb, store):
     back = ResultRecord.model_validate(rec)
     assert back.schema_version == 1 and isinstance(back.metrics, TrainMetrics)
     assert back.metrics.tokens_per_s == rec["metrics"]["tokens_per_s"]
+
+
+def _open_and_count(path: str, start, errors) -> None:
+    start.wait()
+    try:
+        with Store(path) as s:
+            s.count()
+    except Exception as err:  # noqa: BLE001 - the test reports whatever went wrong
+        errors.put(str(err))
+
+
+def test_processes_opening_a_new_store_at_once_all_get_it(tmp_path):
+    """Two nodes (or a sweep's jobs) opening the same new store at the same moment: SQLite answers all but one
+    "locked" while that one switches it to WAL. Each must wait and open it, not call it "not a results database"
+    (seen in 1 of 6 triples before the wait)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    for i in range(12):
+        start = ctx.Barrier(3)
+        procs = [ctx.Process(target=_open_and_count, args=(str(tmp_path / f"r{i}.db"), start, errors))
+                 for _ in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert all(p.exitcode == 0 for p in procs)
+    assert errors.empty(), errors.get()

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import socket
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,6 +98,19 @@ def held_store(path: str | Path | None) -> Iterator[Store | None]:
         yield s
 
 
+BUSY_WAIT_S = 60.0  # how long opening a store waits for another process that holds it
+
+
+def _busy(err: sqlite3.Error) -> bool:
+    return "locked" in str(err) or "busy" in str(err)
+
+
+def _why(err: sqlite3.Error) -> str:
+    if _busy(err):
+        return f"still locked by another process after {BUSY_WAIT_S:.0f} s ({err})"
+    return f"not a tunebench results database ({err})"
+
+
 class Store:
     """`create=False` opens only an existing store (for commands that only read)."""
 
@@ -112,13 +127,24 @@ class Store:
             self.conn = sqlite3.connect(self.path, timeout=60)
         except (OSError, sqlite3.Error) as err:
             raise UserError(f"invalid store={self.path}: cannot be opened ({err})") from None
-        try:
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=FULL")  # a finished result survives a power cut too
-            self.conn.executescript(SCHEMA)
-        except sqlite3.DatabaseError as err:
-            self.conn.close()
-            raise UserError(f"invalid store={self.path}: not a tunebench results database ({err})") from None
+        deadline = time.monotonic() + BUSY_WAIT_S
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=FULL")  # a finished result survives a power cut too
+                self.conn.executescript(SCHEMA)
+                return
+            except sqlite3.OperationalError as err:
+                # Processes opening a new store at once (two nodes, a sweep's jobs): while one switches it to WAL,
+                # SQLite answers the others "locked" without waiting. They wait, then find it made.
+                if _busy(err) and time.monotonic() < deadline:
+                    time.sleep(0.05 + 0.1 * random.random())
+                    continue
+                self.conn.close()
+                raise UserError(f"invalid store={self.path}: {_why(err)}") from None
+            except sqlite3.DatabaseError as err:
+                self.conn.close()
+                raise UserError(f"invalid store={self.path}: not a tunebench results database ({err})") from None
 
     def close(self) -> None:
         self.conn.close()
