@@ -12,7 +12,7 @@ Training and inference describe what they want as ``Weights``; ``build`` does th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -23,7 +23,7 @@ from transformers.pytorch_utils import Conv1D
 
 from tunebench.config import RunConfig
 from tunebench.models.attention import sdpa_causal
-from tunebench.models.shards import Quantized, SafetensorsRows, Slot, base_fill, base_slots
+from tunebench.models.shards import SafetensorsRows, Slot, base_fill, base_slots
 from tunebench.models.spec import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -233,12 +233,10 @@ def build_meta(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> MetaBui
     if not w.quant:
         _float8(model, cfg)
         return MetaBuild(model, "safetensors" if source else "random", base_slots(model), source)
-    from tunebench.models.sharded4bit import ShardedLinear4bit, packed_placeholders, quantizer
+    from tunebench.models.sharded4bit import ShardedLinear4bit, packed_placeholders, quantized_slots
 
     _replace_with_quantized(model, w, ShardedLinear4bit)
-    slots = [replace(s, quantized=Quantized(torch.Size((s.module.out_features, s.module.in_features)),
-                                            w.compute_dtype, quantizer(s.module, w.storage)))
-             if isinstance(s.module, ShardedLinear4bit) and s.name == "weight" else s for s in base_slots(model)]
+    slots = quantized_slots(base_slots(model), w.compute_dtype, w.storage)
     packed_placeholders(model, w.storage)
     return MetaBuild(model, "safetensors" if source else "random", slots, source)
 

@@ -13,7 +13,6 @@ from dataclasses import replace
 
 from torch import nn
 
-RECIPES = ("tensorwise", "rowwise")
 MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards
 
 

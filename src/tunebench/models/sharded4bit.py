@@ -15,11 +15,14 @@ deterministic, so the base is bit for bit the one an unsharded QLoRA build makes
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import bitsandbytes as bnb
 import torch
 from bitsandbytes.functional import quantize_4bit
 from torch import nn
+
+from tunebench.models.shards import Quantized, Slot
 
 BLOCKSIZE = 64  # bitsandbytes' default for 4-bit weights
 
@@ -52,9 +55,16 @@ def packed_placeholders(model: nn.Module, storage: torch.dtype) -> None:
             m.weight = p
 
 
-def quantizer(module: ShardedLinear4bit, storage: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Quantize a whole (out, in) weight of `module`: keep its state on the layer, return the packed bytes.
-    Made before sharding: FSDP2's shards do not keep the placeholder's attributes."""
+def quantized_slots(slots: list[Slot], dtype: torch.dtype, storage: torch.dtype) -> list[Slot]:
+    """`slots` with each ShardedLinear4bit weight made whole in `dtype`, quantized, packed into `storage`.
+    Called before sharding: FSDP2's shards do not keep the placeholder's attributes."""
+    return [replace(s, quantized=Quantized(torch.Size((s.module.out_features, s.module.in_features)), dtype,
+                                           _quantizer(s.module, storage)))
+            if isinstance(s.module, ShardedLinear4bit) and s.name == "weight" else s for s in slots]
+
+
+def _quantizer(module: ShardedLinear4bit, storage: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Quantize a whole (out, in) weight of `module`: keep its state on the layer, return the packed bytes."""
     quant_type, double = module.weight.quant_type, module.weight.compress_statistics
 
     def quantize(full: torch.Tensor) -> torch.Tensor:

@@ -108,10 +108,7 @@ def _working(w: Workload) -> list[Item]:
     c, cb = w.counts, w.compute_bytes
     if w.strategy.name == "fsdp" and w.world >= 1:
         root = c.embeddings + (0 if c.tied else c.head) + w.spec.hidden_size
-        block = cb * c.per_block
-        if w.cfg.method == "qlora":  # a block's linears gathered packed, 4 bits each
-            linears = c.block_linears / w.layers
-            block = linears / 2 + cb * (c.per_block - linears)
+        block = w.gathered(c.per_block, c.block_linears / w.layers)
         return [Item("unsharded root", cb * root, "embeddings, head, final norm gathered for forward and backward"),
                 Item("unsharded blocks", 2 * block, "the running block and the one prefetched")]
     if w.strategy.name == "zero3":

@@ -105,13 +105,17 @@ class Workload:
         """How many GPUs share the model states (1 for replicated strategies)."""
         return self.world if self.strategy.name in ("fsdp", "zero2", "zero3") else 1
 
+    def gathered(self, params: float, linears: float) -> float:
+        """Bytes of `params` weights (of which `linears` are block linears) as a sharding strategy gathers them for
+        compute: QLoRA's block linears packed, 4 bits each, the rest in the compute dtype."""
+        if self.cfg.method == "qlora":
+            return linears / 2 + self.compute_bytes * (params - linears)
+        return self.compute_bytes * params
+
     @property
     def gathered_bytes(self) -> float:
-        """Bytes of every weight as a sharding strategy gathers it for compute: QLoRA's block linears packed."""
-        c, cb = self.counts, self.compute_bytes
-        if self.cfg.method == "qlora":
-            return c.block_linears / 2 + cb * (c.total - c.block_linears)
-        return cb * c.total
+        """The whole model, as gathered for compute."""
+        return self.gathered(self.counts.total, self.counts.block_linears)
 
     @property
     def weights_sharded(self) -> int:
