@@ -31,6 +31,9 @@
 #   bash benchmarks/gpu_proof.sh frontier8b  # issue 15: the same without full checkpointing (the planner says it fits)
 #   bash benchmarks/gpu_proof.sh x4        # issue 15 on 4 GPUs: 70B QLoRA and LoRA FSDP2, 8B float8 and bf16 b4
 #   bash benchmarks/gpu_proof.sh plainddp  # issue 15: TinyGPT DDP and ZeRO-2 vs the plain scripts, 1 and NPROC GPUs
+#   bash benchmarks/gpu_proof.sh fsdp8b    # issue 15: Llama-3-8B FSDP2 vs the plain script (NPROC GPUs); ZeRO-3 70B LoRA
+#   bash benchmarks/gpu_proof.sh lora7b    # issue 14: Mistral-7B bf16 LoRA vs HF Trainer + PEFT (GPU 0)
+#   bash benchmarks/gpu_proof.sh offload   # issue 15: Llama-3-8B full ZeRO-3 on one GPU, the optimizer on the host
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -294,6 +297,27 @@ x4)
   tb run $E --float8 tensorwise 2>&1 | show
   tb run $L --method lora --optimizer adamw_fused 2>&1 | show
   tb run $E 2>&1 | show
+  ;;
+fsdp8b)
+  show() { grep -E "status|tokens/s  |peak memory|MFU|setup|Error|error" ; }
+  python3 benchmarks/vs_plain_fsdp.py --gpus ${NPROC:-4} --sides plain-ckpt,ours-ckpt,plain,ours --batch-size 2 \
+    --steps 12 --warmup 5 --side-timeout 150 --out "$OUT/vs_plain_fsdp.json" 2>&1 | tail -7
+  # ZeRO-3 built partitioned (zero.Init): a bf16 70B base of 131 GiB, 33 GiB on each of 4 GPUs
+  tb run --model llama-3-70b --method lora --strategy zero3 --nproc-per-node ${NPROC:-4} --seq-len 2048 \
+    --batch-size 2 --grad-ckpt --optimizer adamw_fused --steps 5 --warmup 2 --run-timeout 200 \
+    --tag gpu-proof-zero3 2>&1 | show
+  ;;
+offload)
+  show() { grep -E "status|tokens/s  |peak memory|MFU|setup|Error|error" ; }
+  # 8B x 16 bytes of model states do not fit one GPU; offloaded, the GPU keeps the bf16 weights and gradients
+  tb plan --model llama-3-8b --method full --strategy zero3 --nproc-per-node 1 --seq-len 4096 --batch-size 2 \
+    --grad-ckpt --offload optimizer --gpu h200 2>&1 | head -12
+  tb run --model llama-3-8b --method full --strategy zero3 --nproc-per-node 1 --seq-len 4096 --batch-size 2 \
+    --grad-ckpt --offload optimizer --steps 6 --warmup 2 --run-timeout 300 --tag gpu-proof-offload 2>&1 | show
+  ;;
+lora7b)
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py --method lora --model mistral-7b --seq-len 512 \
+    --batch-size 8 --steps 30 --warmup 10 --out "$OUT/vs_hf_trainer_lora.json" 2>&1 | tail -6
   ;;
 plainddp)
   python3 benchmarks/vs_plain_ddp.py --gpus 1,${NPROC:-4} --sides plain-ddp,ours-ddp,plain-zero2,ours-zero2 \

@@ -1,15 +1,17 @@
-"""tunebench's QLoRA loop against HF Trainer + PEFT + bitsandbytes on the identical configuration.
+"""tunebench's QLoRA (or bf16 LoRA) loop against HF Trainer + PEFT (+ bitsandbytes) on the identical configuration.
 
 Each side runs in its own fresh process (its own CUDA context and peak-memory counters), one after
 the other in this one job, on the same GPU, with the same model shapes, NF4 base, LoRA, optimizer,
 batch, sequence length, checkpointing and step counts. Only the timed steps (after `warmup`) count.
 
     python benchmarks/vs_hf_trainer.py --model mistral-7b --seq-len 512 --batch-size 8 [--liger] [--out F]
+    python benchmarks/vs_hf_trainer.py --method lora ...   # a bf16 base, fused AdamW on both sides
 
 The HF side is written as a user writes it: the NF4 model (built here as from_pretrained with a
 BitsAndBytesConfig would leave it: NF4 linears, the rest in bf16), peft's
 prepare_model_for_kbit_training, get_peft_model, then Trainer(bf16=True, optim=paged_adamw_8bit,
-gradient_checkpointing=True).
+gradient_checkpointing=True). With `--method lora` the base stays bf16, there is no kbit preparation, and
+both sides use fused AdamW (Trainer's adamw_torch_fused).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ def _gib(n: int | None) -> float | None:
 def _cfg(a: argparse.Namespace):
     from tunebench import RunConfig
 
-    return RunConfig(model=a.model, method="qlora", seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
+    return RunConfig(model=a.model, method=a.method, seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
                      warmup=a.warmup, lora_rank=16, lora_alpha=32, lora_dropout=0.0, grad_ckpt=a.grad_ckpt,
-                     optimizer="paged_adamw_8bit", precision="bf16", lr=2e-4, device=a.device, tag=["vs_hf_trainer"])
+                     optimizer="paged_adamw_8bit" if a.method == "qlora" else "adamw_fused", precision="bf16",
+                     lr=2e-4, device=a.device, tag=["vs_hf_trainer"])
 
 
 def side_ours(a: argparse.Namespace) -> dict:
@@ -62,7 +65,10 @@ def side_hf(a: argparse.Namespace) -> dict:
     cuda = a.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     model, _ = build_model(resolve_model(a.model), cfg, torch.device(a.device))
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=a.grad_ckpt)
+    if a.method == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=a.grad_ckpt)
+    elif a.grad_ckpt:
+        model.enable_input_require_grads()  # the frozen embeddings' output must carry a gradient into checkpoints
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
                                              bias="none", task_type="CAUSAL_LM"))
     vocab = model.config.vocab_size
@@ -93,7 +99,8 @@ def side_hf(a: argparse.Namespace) -> dict:
     args = TrainingArguments(
         output_dir="/tmp/hf-trainer-bench", per_device_train_batch_size=a.batch_size, gradient_accumulation_steps=1,
         max_steps=a.steps, learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0, bf16=True,
-        optim="paged_adamw_8bit", gradient_checkpointing=a.grad_ckpt, logging_steps=10, save_strategy="no",
+        optim="paged_adamw_8bit" if a.method == "qlora" else "adamw_torch_fused",
+        gradient_checkpointing=a.grad_ckpt, logging_steps=10, save_strategy="no",
         report_to=[], max_grad_norm=1.0, dataloader_pin_memory=cuda, use_liger_kernel=a.liger, seed=0, use_cpu=not cuda)
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[Clock()])
     out = trainer.train()
@@ -107,7 +114,8 @@ def side_hf(a: argparse.Namespace) -> dict:
 
 def _child(a: argparse.Namespace, side: str, liger: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--side", side, "--model", a.model, "--seq-len", str(a.seq_len),
-           "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--warmup", str(a.warmup), "--device", a.device]
+           "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--warmup", str(a.warmup), "--device", a.device,
+           "--method", a.method]
     cmd += ["--grad-ckpt" if a.grad_ckpt else "--no-grad-ckpt"] + (["--liger"] if liger else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -119,6 +127,7 @@ def _child(a: argparse.Namespace, side: str, liger: bool = False) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mistral-7b")
+    p.add_argument("--method", choices=("qlora", "lora"), default="qlora")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=30)
@@ -134,7 +143,8 @@ def main() -> None:
         return
     results = [_child(a, "ours"), _child(a, "hf")] + ([_child(a, "hf", liger=True)] if a.liger else [])
     ours = results[0]
-    print(f"\n{a.model} QLoRA seq {a.seq_len} batch {a.batch_size} grad_ckpt {a.grad_ckpt} "
+    what = "QLoRA" if a.method == "qlora" else "LoRA (bf16 base)"
+    print(f"\n{a.model} {what} seq {a.seq_len} batch {a.batch_size} grad_ckpt {a.grad_ckpt} "
           f"({a.steps - a.warmup} timed steps after {a.warmup} warmup)")
     print(f"{'side':<20}{'status':<8}{'tokens/s':>10}{'peak alloc GiB':>16}{'reserved GiB':>14}{'ratio':>8}{'mem':>7}")
     for r in results:

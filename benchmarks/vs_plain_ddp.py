@@ -15,16 +15,14 @@ rank times the steps after `warmup`, and tokens/s is every rank's tokens over th
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
+
+from sides import add_arguments, as_side_process, chosen, run_side, save, start_rank, timed_rank  # noqa: E402
 
 SIDES = ("plain-ddp", "plain-ddp-compile", "plain-zero2", "ours-ddp", "ours-zero2")
 
@@ -32,16 +30,11 @@ SIDES = ("plain-ddp", "plain-ddp-compile", "plain-zero2", "ours-ddp", "ours-zero
 def plain_rank(a: argparse.Namespace) -> None:
     """One rank of a plain side (under torchrun): train, time, and let rank 0 print the combined result."""
     import torch
-    import torch.distributed as dist
 
     from vs_plain_gpt import VOCAB, plain_model, plain_train_step
 
-    cuda = a.device == "cuda"
-    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dev = start_rank(a.device)
+    cuda = dev.type == "cuda"
     torch.manual_seed(0)
     model = plain_model(a.seq_len, 0.1).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-4, weight_decay=0.0, fused=cuda)
@@ -61,29 +54,11 @@ def plain_rank(a: argparse.Namespace) -> None:
             engine.step()
             return loss
     else:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)
         fwd = torch.compile(ddp) if a.side == "plain-ddp-compile" else ddp
         train = plain_train_step(fwd, model, opt, dev.type, autocast=cuda)
 
-    gen = torch.Generator(device=dev).manual_seed(rank)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for i in range(a.steps):
-        if i == a.warmup:
-            sync()
-            dist.barrier()
-            start = time.perf_counter()
-        loss = train(torch.randint(0, VOCAB, (a.batch_size, a.seq_len + 1), generator=gen, device=dev))
-    sync()
-    wall = torch.tensor([time.perf_counter() - start], device=dev)
-    dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # the slowest rank's time
-    world = dist.get_world_size()
-    if rank == 0:
-        tokens = world * (a.steps - a.warmup) * a.batch_size * a.seq_len
-        print("RESULT " + json.dumps({"side": a.side, "status": "ok", "world": world, "tokens_per_s":
-                                      tokens / wall.item(), "loss_last": float(loss),
-                                      "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}),
-              flush=True)
-    dist.destroy_process_group()
+    timed_rank(a, dev, train, VOCAB, a.seq_len + 1)  # inputs and their next tokens
 
 
 def ours(a: argparse.Namespace, side: str, world: int) -> dict:
@@ -100,53 +75,25 @@ def ours(a: argparse.Namespace, side: str, world: int) -> dict:
             "peak_alloc_gib": m.peak_mem_allocated_bytes / 2**30 if m.peak_mem_allocated_bytes else None}
 
 
-def run_side(a: argparse.Namespace, side: str, world: int) -> dict:
-    """One side at one world size, in processes of its own."""
-    shape = ["--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--warmup",
-             str(a.warmup), "--device", a.device]
-    if side.startswith("plain"):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", __file__,
-               "--side", side, *shape]
-    else:
-        cmd = [sys.executable, __file__, "--ours", side, "--world", str(world), *shape]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        return {"side": side, "world": world, "status": "failed", "error": (proc.stderr or proc.stdout)[-3000:]}
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", default="4", help="world sizes, comma-separated (e.g. 1,4)")
-    p.add_argument("--sides", default="plain-ddp,ours-ddp,plain-zero2,ours-zero2", help=f"from {', '.join(SIDES)}")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test with gloo")
-    p.add_argument("--out", help="write all figures as JSON here (after every side)")
-    p.add_argument("--side", choices=[s for s in SIDES if s.startswith("plain")], help=argparse.SUPPRESS)
-    p.add_argument("--ours", choices=[s for s in SIDES if s.startswith("ours")], help=argparse.SUPPRESS)
-    p.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    add_arguments(p, SIDES, "plain-ddp,ours-ddp,plain-zero2,ours-zero2")
     a = p.parse_args()
-    if a.side:
-        return plain_rank(a)
-    if a.ours:
-        print("RESULT " + json.dumps(ours(a, a.ours, a.world)), flush=True)
-        return None
-    sides = [s.strip() for s in a.sides.split(",") if s.strip()]
-    if bad := [s for s in sides if s not in SIDES]:
-        p.error(f"unknown side(s) {', '.join(bad)}; choose from {', '.join(SIDES)}")
-    results = []
+    if as_side_process(a, plain_rank, ours):
+        return
+    sides = chosen(p, a, SIDES)
+    shape = ["--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--warmup",
+             str(a.warmup), "--device", a.device]
+    results: list[dict] = []
     for world in (int(g) for g in a.gpus.split(",")):
         for side in sides:
-            results.append(run_side(a, side, world))
-            print(json.dumps(results[-1]), flush=True)
-            if a.out:
-                tmp = Path(a.out + ".tmp")
-                tmp.write_text(json.dumps(results, indent=2))
-                tmp.replace(a.out)
+            results.append(run_side(__file__, side, world, shape, a.side_timeout))
+            save(a.out, results)
     summary(results)
 
 

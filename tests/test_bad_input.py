@@ -28,6 +28,9 @@ CASES = {
     "flash on cpu": (["--attn", "flash"], "attn"),
     "bf16-pure under deepspeed": (["--precision", "bf16-pure", "--strategy", "zero2"], "precision=bf16-pure with "
                                                                                       "strategy=zero2"),
+    "offload outside deepspeed": (["--offload", "optimizer", "--strategy", "fsdp"], "offload=optimizer with "
+                                                                                   "strategy=fsdp"),
+    "unknown offload": (["--offload", "nvme"], "offload"),
     "compile neither on, off nor auto": (["--compile", "sometimes"], "compile=sometimes"),
     "unknown quant": (["--method", "qlora", "--quant", "int3"], "quant"),
     "unknown flag": (["--bogus", "1"], "--bogus"),

@@ -53,10 +53,11 @@ def test_predictions_against_every_gpu_record(capsys):
         whole = whole or (r.config["model"] == "tinygpt-124m" and r.created_at >= PADDED_LOSS_SINCE)
         # float8's memory is predicted as bf16's (plan says so): its tokens/s held to the goal, its memory shown
         float8 = r.config.get("float8", "off") != "off"
-        # ZeRO-3 with QLoRA: DeepSpeed's gathering of the packed 4-bit base is not modelled (plan says so)
-        whole = whole or (r.config.get("strategy") == "zero3" and r.config["method"] == "qlora")
+        # ZeRO-3 with QLoRA: the memory of DeepSpeed's gathering of the packed 4-bit base is not modelled (plan
+        # says so); its speed is
+        zero3_qlora = r.config.get("strategy") == "zero3" and r.config["method"] == "qlora"
         apart += whole
-        if not whole and not float8:
+        if not whole and not float8 and not zero3_qlora:
             mem_err.append(abs(em))
         # tune trials of the first tunes ran 3 warmup steps: not yet steady (the same DDP configuration ran
         # 36% slower than in a full run); their throughput is shown, not held to the goal
@@ -73,14 +74,15 @@ def test_predictions_against_every_gpu_record(capsys):
                      f"memory {r.metrics.peak_mem_allocated_bytes / 2**30:6.2f} GiB predicted "
                      f"{p.mem.peak_allocated / 2**30:6.2f} ({em:+6.1%})   tokens/s {r.metrics.tokens_per_s:9,.0f} "
                      f"predicted {p.tokens_per_s:9,.0f} ({et:+6.1%}){'  (short tune trial)' if short else ''}"
-                     f"{'  (not modelled: whole-model compile, padded GPT-2 loss, QLoRA under ZeRO-3)' if whole else ''}"
+                     f"{'  (not modelled: whole-model compile, padded GPT-2 loss)' if whole else ''}"
+                     f"{'  (QLoRA under ZeRO-3: memory not modelled)' if zero3_qlora else ''}"
                      f"{'  (float8: memory predicted as bf16)' if float8 else ''}")
     within_mem = sum(e <= MEMORY_GOAL for e in mem_err)
     within_tps = sum(e <= SPEED_GOAL for e in tps_err)
     with capsys.disabled():
-        print(f"\nplanner vs {len(runs)} GPU runs in benchmarks/data: peak memory within 5% on {within_mem}, "
+        print(f"\nplanner vs {len(runs)} GPU runs in benchmarks/data: peak memory within 5% on {within_mem} of {len(mem_err)}, "
               f"tokens/s within 15% on {within_tps} of {len(tps_err)} ({cold} short tune trials and {apart} whole-model "
-              "compiled, padded-loss GPT-2 and ZeRO-3 QLoRA runs shown apart; float8 memory too)")
+              "compiled and padded-loss GPT-2 runs shown apart; float8 and ZeRO-3 QLoRA memory too)")
         print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
     assert within_mem >= 0.9 * len(mem_err)
@@ -259,6 +261,20 @@ def test_plan_compare_lists_strategies_and_refusals(tb):
     # FSDP2 shards QLoRA's base (4.0 GB on Mistral-7B): half leaves each GPU, less the root and blocks it gathers
     fsdp = next(r for r in rows if r["strategy"] == "fsdp" and r["world_size"] == 2)["prediction"]
     assert 1.2e9 < ddp[2]["peak_mem_allocated_bytes"] - fsdp["peak_mem_allocated_bytes"] < 2.0e9
+
+
+def test_plan_offloaded_optimizer_moves_masters_and_adam_to_the_host(tb):
+    """offload=optimizer: the 8B full fine-tune that needs ~180 GiB on one GPU fits in about 22 (measured 22.06 on an
+    H200); the host holds 16 bytes per parameter (fp32 master, Adam's two moments, the fp32 gradient)."""
+    args = ("plan", "--model", "llama-3-8b", "--strategy", "zero3", "--nproc-per-node", "1", "--seq-len", "4096",
+            "--batch-size", "2", "--grad-ckpt", "--gpu", "H200", "--json", "--no-store")
+    kept, off = (json.loads(tb(*args, *extra)[1]) for extra in ((), ("--offload", "optimizer")))
+    assert kept["verdict"] == "does not fit" and off["verdict"] == "fits"
+    names = {i["name"]: i["bytes"] for i in off["breakdown"]["memory"]}
+    assert "master weights" not in names and names["optimizer states"] == 0 and names["gradients"] == 0
+    assert off["breakdown"]["host_bytes"] == 16 * 8_030_261_248
+    assert off["peak_mem_allocated_bytes"] / 2**30 == pytest.approx(22.06, rel=0.05)
+    assert off["step_time_s"] > 3 * kept["step_time_s"]  # the host's step: CPU Adam over 8B parameters
 
 
 def test_plan_reads_a_train_config(tb, tmp_path):

@@ -36,10 +36,10 @@ from tunebench.metrics.flops import FlopsPerToken, flops_per_token, peak_flops
 from tunebench.metrics.memory import available_host_bytes, peak_memory, release, reset_peak
 from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import build_model, load_meta_model, resolve_model
-from tunebench.models.build import build_meta
+from tunebench.models.build import build_meta, build_partitioned
 from tunebench.models.count import counts, training_floor_bytes
 from tunebench.models.float8 import refusal as float8_refusal
-from tunebench.models.shards import init_adapters, materialize_shards
+from tunebench.models.shards import fill_partitions, init_adapters, materialize_shards
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import JobFigures, RankFigures, ResultRecord
 from tunebench.status import failure
@@ -167,7 +167,11 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     cfg, spec, device, strategy = plan.cfg, plan.spec, plan.device, plan.strategy
     n = counts(spec)
     big = device.type == "cpu" and n is not None and n.total >= BIG_ON_CPU
-    meta = build_meta(spec, cfg, device) if strategy.meta_init else None  # sharded before any weight exists
+    meta = None  # sharded or partitioned before any weight exists
+    if strategy.meta_init:
+        meta = build_meta(spec, cfg, device)
+    elif strategy.partitions_at_init(cfg):
+        meta = build_partitioned(spec, cfg, device, strategy.partitioning(cfg, ctx.world_size))
     if meta:
         model, out.weights = meta.model, meta.weights
     else:
@@ -195,7 +199,11 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
     if scope == "model":  # embeddings, blocks, final norm and the loss: one graph, fused across block edges
         module.compile()
-    materialize = (lambda: materialize_shards(module, meta.slots, device, cfg.seed, meta.source)) if meta else None
+    materialize = None
+    if meta and strategy.meta_init:
+        materialize = lambda: materialize_shards(module, meta.slots, device, cfg.seed, meta.source)  # noqa: E731
+    elif meta:
+        materialize = lambda: fill_partitions(module, meta.slots, device, cfg.seed, meta.dtype, meta.source)  # noqa: E731
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size, materialize))
 
 

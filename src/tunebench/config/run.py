@@ -65,6 +65,10 @@ class RunConfig(BaseModel):
                            "compute capability 8.9+; master weights and optimizer state unchanged); tensorwise: one "
                            "scale per tensor (float8 all-gather under fsdp), rowwise: one per row",
         json_schema_extra=LATER)
+    offload: Literal["none", "optimizer"] = Field(
+        "none", description="zero2/zero3: optimizer: the fp32 master weights and Adam's state live in host memory "
+                            "and DeepSpeed's CPU Adam steps them there (GPUs keep the 16-bit weights and gradients)",
+        json_schema_extra=LATER)
     seed: int = Field(0, json_schema_extra=MEASUREMENT)
     device: Literal["auto", "cuda", "cpu"] = Field("auto", json_schema_extra=MEASUREMENT)
     strategy: Strategy = "single"

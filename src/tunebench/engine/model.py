@@ -20,6 +20,8 @@ def _numel(p: torch.Tensor) -> int:
     qs = getattr(p, "quant_state", None)
     if shape is None and qs is not None:
         shape = getattr(qs, "shape", None)
+    if shape is None:  # a ZeRO-3 partitioned parameter: its whole shape
+        shape = getattr(p, "ds_shape", None)
     return int(torch.Size(shape).numel()) if shape else p.numel()
 
 

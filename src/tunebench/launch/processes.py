@@ -39,9 +39,11 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def torchrun_env(nproc: int, cpu: bool) -> dict[str, str]:
+def torchrun_env(nproc: int, host_compute: bool) -> dict[str, str]:
+    """`host_compute`: the ranks compute on the host (CPU runs, an offloaded optimizer), where torchrun would
+    leave each one thread."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if cpu:  # share the cores between the ranks instead of oversubscribing them
+    if host_compute:  # share the cores between the ranks instead of oversubscribing them
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return env
 

@@ -44,8 +44,9 @@ class Torchrun:
         with RunDir.temporary() as rundir:
             rundir.write_job({"config": cfg.model_dump(), "inputs": inputs})
             # a training job's ranks stop on SIGTERM with a checkpoint: pass the signal on, wait for them
-            code, tail = run_torchrun(torchrun_argv(cfg, nproc, rundir.path),
-                                      torchrun_env(nproc, plan.device.type == "cpu"), forward=inputs is not None)
+            host_compute = plan.device.type == "cpu" or cfg.offload != "none"
+            code, tail = run_torchrun(torchrun_argv(cfg, nproc, rundir.path), torchrun_env(nproc, host_compute),
+                                      forward=inputs is not None)
             if (text := rundir.result()) is not None:
                 return ResultRecord.model_validate_json(text)
             if code == 0 or cfg.node_rank != 0:

@@ -46,7 +46,7 @@ def _matmul_size(m: nn.Module) -> int:
     # bitsandbytes Linear4bit packs its weight, so count from the declared shape.
     if hasattr(m, "in_features") and hasattr(m, "out_features"):
         return m.in_features * m.out_features
-    return m.weight.numel()  # transformers' Conv1D (GPT-2)
+    return getattr(m.weight, "ds_numel", m.weight.numel())  # transformers' Conv1D (GPT-2); ZeRO-3's whole size
 
 
 def _is_matmul(m: nn.Module) -> bool:

@@ -12,6 +12,7 @@ Training and inference describe what they want as ``Weights``; ``build`` does th
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,10 +74,16 @@ def train_weights(cfg: RunConfig, float_storage: bool = False) -> Weights:
 def load_meta_model(spec: ModelSpec, cfg: RunConfig | Weights) -> PreTrainedModel:
     """The architecture with parameters on meta (no memory) and buffers (rotary tables) real on CPU."""
     w = train_weights(cfg) if isinstance(cfg, RunConfig) else cfg
-    with init_empty_weights(include_buffers=False):
+    return _from_config(spec, w, init_empty_weights(include_buffers=False))
+
+
+def _from_config(spec: ModelSpec, w: Weights, context: AbstractContextManager) -> PreTrainedModel:
+    with context:
         model = AutoModelForCausalLM.from_config(spec.hf_config, attn_implementation=attn_implementation(w.attn),
                                                  dtype=w.dtype)
-    model.tie_weights()  # from_config leaves tied heads (GPT-2, Llama-3.2) untied; the real models tie them
+    # from_config leaves tied heads (GPT-2, Llama-3.2) untied; the real models tie them. Outside the context:
+    # init_empty_weights makes a new parameter of every one registered, which would untie them again.
+    model.tie_weights()
     model.config.use_cache = w.use_cache
     return model
 
@@ -214,6 +221,7 @@ class MetaBuild:
     weights: str  # 'random' or 'safetensors'
     slots: list[Slot]  # the base parameters, in the order an unsharded build draws them
     source: SafetensorsRows | None  # the local checkpoint's rows (None: random weights)
+    dtype: torch.dtype | None = None  # partitioned builds: what an unsharded build draws the values in
 
 
 def _float8(model: PreTrainedModel, cfg: RunConfig) -> None:
@@ -239,6 +247,17 @@ def build_meta(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> MetaBui
     slots = quantized_slots(base_slots(model), w.compute_dtype, w.storage)
     packed_placeholders(model, w.storage)
     return MetaBuild(model, "safetensors" if source else "random", slots, source)
+
+
+def build_partitioned(spec: ModelSpec, cfg: RunConfig, device: torch.device,
+                      partitioning: AbstractContextManager) -> MetaBuild:
+    """The training model of `cfg` built under a context that partitions each module's parameters as soon as the
+    module exists (DeepSpeed's zero.Init): no rank ever holds more than one module whole. The values are not
+    drawn yet: `models.shards.fill_partitions` fills each rank's partitions as an unsharded build would."""
+    w = train_weights(cfg.resolved(device.type))
+    model = _from_config(spec, w, partitioning)
+    source = SafetensorsRows(spec.path) if spec.has_weights else None
+    return MetaBuild(model, "safetensors" if source else "random", base_slots(model), source, w.dtype)
 
 
 def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device,

@@ -11,6 +11,10 @@ parameter at a time, so that no rank ever holds more than its shards plus one pa
 - 4-bit weights (QLoRA, ``models.sharded4bit``): each weight is drawn or read whole, quantized on the device,
   and the rank keeps its rows of the packed bytes (the quantization state, small, stays whole on every rank).
 
+ZeRO-3 builds the model inside DeepSpeed's ``zero.Init`` instead (``build.build_partitioned``), which partitions
+each module's parameters as the module is made; ``fill_partitions`` then fills each rank's chunk of every
+flattened parameter from the same whole draws (or the checkpoint).
+
 LoRA adapters are drawn the same way on every path (``init_adapters``): A kaiming-uniform as peft does,
 B zero, from a generator of their own, so a sharded LoRA run starts where an unsharded one does.
 """
@@ -152,6 +156,33 @@ def materialize_shards(module: nn.Module, slots: list[Slot], device: torch.devic
     with torch.no_grad():
         for slot in slots:
             _make_rows(slot, gen, device, source)
+    init_adapters(module, seed, device)
+
+
+def fill_partitions(module: nn.Module, slots: list[Slot], device: torch.device, seed: int, dtype: torch.dtype,
+                    source: SafetensorsRows | None = None) -> None:
+    """Fill each rank's partitions of a model built under DeepSpeed's zero.Init (``build_partitioned``), then
+    draw the adapters (whole: DeepSpeed partitions them as it starts).
+
+    ZeRO-3 keeps, of every parameter flattened, the rank's chunk of ``ds_tensor.numel()`` elements (the last one
+    padded). Each whole tensor is drawn in `dtype` from the generator of an unsharded build, or read from `source`,
+    one at a time, and the rank copies its chunk: every strategy starts from the same weights."""
+    import torch.distributed as dist
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for slot in slots:
+            p = getattr(slot.module, slot.name)
+            part = p.ds_tensor
+            if source is not None:
+                full = source.rows(slot.key, 0, p.ds_shape[0]).to(device=device)
+            else:
+                full = torch.empty(p.ds_shape, device=device, dtype=dtype)
+                slot.fill(full, gen)
+            start = part.numel() * dist.get_rank(group=p.ds_process_group)
+            mine = full.reshape(-1)[start:start + part.numel()]
+            part.zero_()  # the padding
+            part[:mine.numel()].copy_(mine)
     init_adapters(module, seed, device)
 
 

@@ -67,7 +67,7 @@ class Prediction:
                 "memory": [{"name": i.name, "bytes": int(i.bytes), "note": i.note} for i in m.items],
                 "peak_phase": m.peak_phase, "phases": {k: int(v) for k, v in m.phases.items()},
                 "context_bytes": int(m.context_bytes), "reserve_bytes": int(m.reserve_bytes),
-                "paged_bytes": int(m.paged_bytes),
+                "paged_bytes": int(m.paged_bytes), "host_bytes": int(m.host_bytes),
                 "activations_per_token_per_layer": int(m.activations.per_layer),
                 "kept_per_token_per_layer": int(m.activations.kept_per_layer),
                 "attention_kernel": m.activations.attention,

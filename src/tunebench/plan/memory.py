@@ -5,6 +5,7 @@ The allocator's peak (what runs record as peak_mem_allocated_bytes) is the large
   backward  the same, as the first block's gradient temporaries and the head's gradient appear
             (with checkpointing: one block's activations rebuilt, and its temporaries)
   step      the model states, every gradient, and the optimizer's temporaries
+With offload=optimizer the fp32 master weights and Adam's state live in host memory instead (host_bytes).
 Beyond the allocator's peak a GPU also holds the CUDA context (kernels, cuBLAS and NCCL workspaces)
 and the allocator's reserve (freed blocks it keeps, fragmentation): both were measured on H100 and
 H200 runs (benchmarks/data); they decide whether a configuration fits, not what runs record.
@@ -40,6 +41,7 @@ class MemoryPlan:
     phases: dict[str, float] = field(default_factory=dict)  # forward / backward / step -> allocated bytes
     activations: Activations | None = None
     paged_bytes: float = 0.0  # paged optimizer state: managed memory outside the allocator
+    host_bytes: float = 0.0  # offload=optimizer: host memory of each GPU's process (fp32 masters, Adam, gradients)
     context_bytes: float = 0.0
     reserve_bytes: float = 0.0
 
@@ -65,8 +67,10 @@ def _weights(w: Workload) -> list[Item]:
     if w.full:
         if w.deepspeed:
             bf16 = 2 * n / (w.world if w.strategy.name == "zero3" else 1)
-            return [Item("weights", bf16, "bf16 copy DeepSpeed computes with"),
-                    Item("master weights", 4 * n / w.sharded, "fp32, in DeepSpeed's optimizer")]
+            weights = [Item("weights", bf16, "bf16 copy DeepSpeed computes with")]
+            if not w.offloaded:  # offloaded, the masters live in host memory
+                weights.append(Item("master weights", 4 * n / w.sharded, "fp32, in DeepSpeed's optimizer"))
+            return weights
         what = "bf16 weights, no master copy" if w.pure else "fp32 master weights"
         return [Item("weights", w.param_bytes * n / w.sharded, what + (f", 1/{w.world} shard" if w.sharded > 1
                                                                         else ""))]
@@ -89,6 +93,8 @@ def _weights(w: Workload) -> list[Item]:
 
 def _optimizer(w: Workload) -> tuple[float, float]:
     """(allocator bytes, paged bytes) of the optimizer state on one GPU."""
+    if w.offloaded:
+        return 0.0, 0.0
     per = OPTIMIZER_BYTES[w.cfg.optimizer]
     if w.pure and w.cfg.optimizer in ("adamw", "adamw_fused"):  # torch's AdamW keeps its states in the params' dtype
         per = per // 2
@@ -98,6 +104,8 @@ def _optimizer(w: Workload) -> tuple[float, float]:
 
 def _grads(w: Workload) -> float:
     """Gradients of one GPU once backward is done."""
+    if w.offloaded:  # each reduced bucket is copied to the host's fp32 buffers: only the buckets stay (working)
+        return 0.0
     if w.deepspeed:
         return 2 * w.trainable / w.sharded  # bf16 partition
     return w.param_bytes * w.trainable / w.sharded
@@ -112,7 +120,10 @@ def _working(w: Workload) -> list[Item]:
         return [Item("unsharded root", cb * root, "embeddings, head, final norm gathered for forward and backward"),
                 Item("unsharded blocks", 2 * block, "the running block and the one prefetched")]
     if w.strategy.name == "zero3":
-        return [Item("gathered parameters", 2 * min(DS_BUCKET, w.counts.total), "prefetch bucket, bf16"),
+        # the prefetch bucket, and the largest parameter, fetched whole whatever the bucket (the head or embeddings)
+        largest = max(w.counts.head, w.counts.embeddings)
+        return [Item("gathered parameters", 2 * (min(DS_BUCKET, w.counts.total) + largest),
+                     "prefetch bucket and the largest parameter, bf16"),
                 Item("gradient bucket", 2 * DS_BUCKET, "DeepSpeed's contiguous reduce buffer, bf16")]
     return []
 
@@ -155,6 +166,8 @@ def _backward_temps(w: Workload, act: Activations) -> float:
 
 
 def _step_temps(w: Workload) -> float:
+    if w.offloaded:  # the gradients go to the host's fp32 buffers, the updated weights come back into place
+        return 0.0
     if w.deepspeed:
         return 8 * w.trainable / w.sharded  # fp32 gradients of the partition and the update's buffers (measured)
     # foreach AdamW: one temporary in the params' dtype
@@ -192,6 +205,8 @@ def memory(w: Workload) -> MemoryPlan:
                        Item("loss chunk", loss_transient + kept_loss, "logits of one chunk; the head's gradient")]
     items += working
     plan = MemoryPlan(items, {"forward": forward, "backward": backward, "step": step}, act, paged)
+    if w.offloaded:  # fp32 master weights, Adam's two moments and the fp32 gradients of the partition
+        plan.host_bytes = 16 * w.trainable / w.sharded
     plan.context_bytes = CONTEXT_BYTES[1] if w.world == 1 and w.strategy.name == "single" else (
         CONTEXT_BYTES["nccl"] if w.world == 1 else CONTEXT_BYTES["nccl-multi"])
     plan.reserve_bytes = max(0.25 * GIB, RESERVE_FRACTION[w.strategy.name] * plan.peak_allocated)

@@ -7,7 +7,9 @@
   attention    causal flash attention, forward + backward (2.5x), at 45% of the dense peak
   elementwise  memory-bound kernels: 8.6-10.5 bytes moved per byte an op keeps for backward, 5.8-6.5 compiled
                (measured per architecture on an H200), the loss's fp32 logits, QLoRA's dequantization
-  optimizer    ~118 bytes moved per trained parameter (AdamW with clipping: measured, fused or foreach)
+  optimizer    ~118 bytes moved per trained parameter (AdamW with clipping: measured, fused or foreach);
+               offload=optimizer: DeepSpeed's CPU Adam on the host's cores shared by the node's GPUs, and the
+               gradients' and weights' copies over PCIe, after backward
   host         Python per block and micro-batch (hooks of FSDP2 and ZeRO-3, peft and bitsandbytes calls):
                the step takes the longer of the GPU's work and the host's, and a little of the shorter
                (launch gaps)
@@ -35,12 +37,21 @@ OPTIMIZER_BYTES = {"adamw": 118, "adamw_fused": 118, "adamw_8bit": 50, "paged_ad
 # Host seconds per block per micro-batch, and per adapted linear per pass (measured on the H200 host)
 HOST_PER_BLOCK = {"single": 0.8e-3, "ddp": 0.8e-3, "fsdp": 2.7e-3, "zero2": 0.8e-3, "zero3": 6.2e-3}
 HOST_PER_ADAPTER = 0.5e-3
+# ZeRO-3 with adapters: its fetch and release hooks on each LoRA-wrapped linear's modules, per pass (fitted on
+# Llama-3-8B QLoRA on 2 H200s and Llama-3-70B LoRA on 4: both ~72 ms per block per micro-batch, host-bound)
+HOST_PER_ADAPTER_ZERO3 = 2.6e-3
 DEEPSPEED_PER_MICRO_S = 8e-3  # DeepSpeed's engine bookkeeping per micro-batch (backward hooks, step calls)
 # Of the shorter of GPU and host time, what still shows (launch gaps); ZeRO-3 waits for each gathered weight.
 LAUNCH_GAPS = {"zero3": 0.45}
 LAUNCH_GAPS_DEFAULT = 0.1
 # Latency of the per-block collectives of sharded strategies, per block and micro-batch, on more than one GPU
 COLLECTIVE_LATENCY_PER_BLOCK = {"fsdp": 0.5e-3, "zero3": 0.3e-3}
+# offload=optimizer: host seconds per trained parameter of CPU Adam with all of a node's cores, and the
+# bytes of each parameter that cross PCIe (bf16 gradient down, bf16 weight up) at the copies' bandwidth.
+# Fitted on one run (Llama-3-8B full ZeRO-3 on one H200 of a 64-core host: 6.6 s steps); hosts differ widely.
+HOST_ADAM_S_PER_PARAM = 0.45e-9
+OFFLOAD_BYTES_PER_PARAM = 4
+PCIE_BYTES_PER_S = 20e9
 HIDDEN_BEHIND_COMPUTE = {"ddp": 0.8, "fsdp": 0.7, "zero2": 0.7, "zero3": 0.5}
 
 
@@ -79,14 +90,19 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
         moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
     # bf16-pure: AdamW's parameters, gradients and states are half as many bytes (not measured yet: scaled)
     half = w.pure and cfg.optimizer in ("adamw", "adamw_fused")
-    optimizer = OPTIMIZER_BYTES[cfg.optimizer] * (0.5 if half else 1.0) * w.trainable / w.sharded
+    optimizer = OPTIMIZER_BYTES[cfg.optimizer] * (0.5 if half else 1.0) * w.trainable / w.sharded / hw.bandwidth
+    if w.offloaded:  # on the host: the node's cores shared by its GPUs' processes, and the copies over PCIe
+        local = w.trainable / w.sharded
+        per_node = w.world // max(1, cfg.nnodes)
+        optimizer = local * (HOST_ADAM_S_PER_PARAM * per_node + OFFLOAD_BYTES_PER_PARAM / PCIE_BYTES_PER_S)
     return {"matmul": gemm, "attention": attention / (ATTENTION_OF_PEAK * hw.gpu.peak_flops),
-            "elementwise": moved / hw.bandwidth, "optimizer": optimizer / hw.bandwidth}
+            "elementwise": moved / hw.bandwidth, "optimizer": optimizer}
 
 
 def _host(w: Workload) -> float:
     passes = 2 + w.checkpointed_share
-    per_block = HOST_PER_BLOCK[w.strategy.name] + len(w.targets) * HOST_PER_ADAPTER * passes
+    per_adapter = HOST_PER_ADAPTER + (HOST_PER_ADAPTER_ZERO3 if w.strategy.name == "zero3" else 0.0)
+    per_block = HOST_PER_BLOCK[w.strategy.name] + len(w.targets) * per_adapter * passes
     return w.cfg.grad_accum * w.layers * per_block
 
 

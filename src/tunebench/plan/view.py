@@ -24,6 +24,10 @@ def summary_table(p: Prediction) -> Table:
     if m.paged_bytes:
         beyond += f", paged optimizer state {gib(m.paged_bytes)}"
     tab.add("beyond the peak", beyond)
+    if m.host_bytes:
+        per_node = p.world // max(1, p.cfg.nnodes)
+        tab.add("host memory", f"{gib(m.host_bytes * per_node)} per node ({gib(m.host_bytes)} per GPU's process): "
+                               "the offloaded fp32 master weights, Adam's state and gradients")
     tab.add("tokens/s", f"{fmt(p.tokens_per_s, ',.0f')}  ({fmt(p.tokens_per_s / p.world, ',.0f')} per GPU)")
     tab.add("step time", f"{t.seconds * 1e3:,.1f} ms  ({t.bound}-bound)")
     tab.add("MFU", pct(p.mfu))
@@ -39,8 +43,12 @@ def summary_table(p: Prediction) -> Table:
         tab.add("note", f"float8={p.cfg.float8}: memory is predicted as bf16's (measured 4-14% below it without "
                         "checkpointing, where float8 keeps smaller activations); speed from float8 runs on H200")
     if p.cfg.method == "qlora" and p.cfg.strategy == "zero3":
-        tab.add("note", "QLoRA under zero3 is not modelled: on 2x H200 (Llama-3-8B) it measured 42% more memory and "
-                        "half the tokens/s of this prediction; fsdp shards QLoRA at ddp's speed")
+        tab.add("note", "QLoRA under zero3: memory is not modelled (on 2x H200, Llama-3-8B measured 28% above this "
+                        "prediction); its speed is host-bound by DeepSpeed's hooks on the adapted layers (fitted); "
+                        "fsdp shards QLoRA at ddp's speed")
+    if p.cfg.offload != "none":
+        tab.add("note", "offload=optimizer: the host's step (CPU Adam, PCIe copies) is counted as GPU-side optimizer "
+                        "time, from one measured run")
     if p.verdict == "tight":
         tab.add("note", "within 5% of the GPU's memory: fragmentation may still run out; "
                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it")

@@ -84,6 +84,11 @@ class Workload:
         return self.strategy.deepspeed
 
     @property
+    def offloaded(self) -> bool:
+        """The optimizer steps on the host (DeepSpeed's offload): masters and Adam's state leave the GPU."""
+        return self.deepspeed and self.cfg.offload == "optimizer"
+
+    @property
     def autocast(self) -> bool:
         """The step runs under autocast (DeepSpeed casts the model itself; fp32 and bf16-pure need no cast)."""
         return not self.fp32 and not self.deepspeed and not self.pure

@@ -34,6 +34,18 @@ class Strategy:
     # builds the model on meta and makes each rank's shards only (never the whole model on one GPU): apply
     # takes `materialize`, called once the meta model is sharded
     meta_init: bool = False
+    # builds the model inside the strategy module's `partitioning(cfg, world_size)` context, which partitions each
+    # module's parameters as soon as it exists (DeepSpeed's zero.Init); apply takes `materialize`, which fills them
+    partitioned_init: bool = False
+
+    def partitions_at_init(self, cfg: RunConfig) -> bool:
+        # a QLoRA base is built whole and packed (a quarter of bf16's bytes: 35 GiB for 70B), then partitioned:
+        # bitsandbytes quantizes a weight when it moves to the GPU, which zero.Init's partitioning skips
+        return self.partitioned_init and cfg.method != "qlora"
+
+    def partitioning(self, cfg: RunConfig, world_size: int) -> Any:
+        """The context the model is built in when `partitions_at_init`."""
+        return importlib.import_module(f"{__name__}.{self.module}").partitioning(cfg, world_size, **self.options)
 
     def compile_scope(self, cfg: RunConfig) -> str | None:
         """What `compile` compiles for this run (`cfg` resolved for its device): None (eager), "blocks" or "model"."""
@@ -61,6 +73,10 @@ class Strategy:
         if self.deepspeed and cfg.optimizer in BNB_OPTIMIZERS:
             raise UserError(f"invalid optimizer={cfg.optimizer} with strategy={self.name}: DeepSpeed shards the "
                             "optimizer itself; use adamw or adamw_fused")
+        if cfg.offload != "none" and not self.deepspeed:
+            deepspeed = " or ".join(n for n, st in STRATEGIES.items() if st.deepspeed)
+            raise UserError(f"invalid offload={cfg.offload} with strategy={self.name}: the optimizer runs on the host "
+                            f"under DeepSpeed ({deepspeed})")
         if self.deepspeed and packages:
             require("deepspeed", f"strategy={self.name}", "pip install --no-build-isolation deepspeed")
 
@@ -69,7 +85,7 @@ class Strategy:
         """Wrap `module` (the model with its loss) and build its optimizer: an engine.step.TrainStep.
         `materialize` (meta_init strategies): makes the sharded meta model's values."""
         apply = importlib.import_module(f"{__name__}.{self.module}").apply
-        extra = {"materialize": materialize} if self.meta_init else {}
+        extra = {"materialize": materialize} if self.meta_init or self.partitioned_init else {}
         return apply(module, blocks, cfg, device, world_size, **self.options, **extra)
 
 
@@ -81,7 +97,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero", {"stage": 2},
              deepspeed=True),
     Strategy("zero3", "DeepSpeed ZeRO-3: parameters sharded too", "zero", {"stage": 3},
-             fused_head=False, deepspeed=True),
+             fused_head=False, deepspeed=True, partitioned_init=True),
 )}
 
 

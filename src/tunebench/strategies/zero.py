@@ -1,10 +1,15 @@
 """DeepSpeed ZeRO stage 2 (optimizer state and gradients sharded) and stage 3 (parameters too).
 
 Batch settings are explicit integers (the seeds' "auto" strings broke DeepSpeed's batch assertion).
-The optimizer is ours (the same AdamW as the other strategies), which DeepSpeed wraps and shards.
+The optimizer is ours (the same AdamW as the other strategies), which DeepSpeed wraps and shards; with
+``offload=optimizer`` it is DeepSpeed's CPU Adam, which steps the fp32 partitions in host memory.
+Stage 3 builds the model partitioned (``partitioning``): no rank ever holds it whole.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,6 +27,8 @@ def ds_config(cfg: RunConfig, stage: int, world_size: int) -> dict:
     else:
         zero |= {"stage3_prefetch_bucket_size": int(5e8), "stage3_max_live_parameters": int(1e9),
                  "stage3_param_persistence_threshold": int(1e5)}
+    if cfg.offload == "optimizer":  # pinned: the gradients' copies to the host and the weights' back overlap
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return {
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "gradient_accumulation_steps": cfg.grad_accum,
@@ -36,12 +43,32 @@ def ds_config(cfg: RunConfig, stage: int, world_size: int) -> dict:
     }
 
 
+def partitioning(cfg: RunConfig, world_size: int, stage: int) -> Any:
+    """Stage 3: every module's parameters partitioned as soon as the module is built (zero.Init)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    # DeepSpeed reads the world size from its own communicator: wrap the process group torchrun's worker made
+    deepspeed.init_distributed(dist_backend=dist.get_backend())
+    # mem_efficient_linear=False: it would replace torch.nn.functional.linear for the whole process
+    return deepspeed.zero.Init(config_dict_or_path=ds_config(cfg, stage, world_size), mem_efficient_linear=False)
+
+
+def host_optimizer(params: list[nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
+    """AdamW on the host, vectorised and multithreaded (DeepSpeed builds its C++ op the first time)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return DeepSpeedCPUAdam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, adamw_mode=True)
+
+
 def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device, world_size: int,
-          stage: int) -> TrainStep:
+          stage: int, materialize: Callable[[], None] | None = None) -> TrainStep:
     import deepspeed
 
+    if materialize is not None:  # the model was built partitioned: fill the partitions before the optimizer copies
+        materialize()
     params = [p for p in module.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, cfg)
+    optimizer = host_optimizer(params, cfg) if cfg.offload == "optimizer" else build_optimizer(params, cfg)
     engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config(cfg, stage, world_size),
                                       dist_init_required=False)
 
