@@ -40,6 +40,23 @@ def test_space_holds_the_global_batch_and_keeps_one_gpu_single():
         [(1, 4), (2, 2), (4, 1)]  # 8 x 4 GPUs overshoots 16
 
 
+def test_float8_is_tried_for_full_fine_tunes_where_the_gpu_and_torchao_can():
+    from tunebench.tune.space import describe, float8_levers
+
+    full, lora = QWEN_LIKE.model_copy(update={"method": "full"}), QWEN_LIKE.model_copy(update={"method": "lora"})
+    assert float8_levers(full, fp8_gpu=True, torchao=True) == ("off", "tensorwise")
+    assert float8_levers(full, fp8_gpu=False, torchao=True) == float8_levers(full, True, False) == ("off",)
+    assert float8_levers(lora, fp8_gpu=True, torchao=True) == ("off",)  # a frozen base: float8 is refused
+    space = Space(worlds=(4,), compile=(True,), checkpointing=((False, 1),), float8=("off", "tensorwise"))
+    shapes = structures(full, space)
+    tried = {(s.strategy, s.float8) for s in shapes}
+    assert tried == {("ddp", "off"), ("ddp", "tensorwise"), ("fsdp", "off"), ("fsdp", "tensorwise"),
+                     ("zero2", "off"), ("zero3", "off")}  # DeepSpeed refuses torchao's float8 layers
+    assert describe(next(s for s in shapes if s.float8 == "tensorwise")).endswith("float8:tensorwise")
+    assert all(p.tokens_per_s > 0 for p in map(_planner, shapes))  # the planner ranks them (float8 fitted)
+    assert Space.from_dict(space.as_dict()) == space
+
+
 def test_search_skips_what_cannot_fit_and_what_ran_out_of_memory():
     space = Space(compile=(False,), checkpointing=((False, 1), (True, 1)), max_batch=512)
     tuner = Tuner(QWEN_LIKE, space, Objective("throughput"), _planner, H100.memory_bytes)

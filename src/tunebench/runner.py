@@ -10,6 +10,7 @@ since the loss is averaged over ranks, so all of them stop together and report i
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from tunebench.models import build_model, load_meta_model, resolve_model
 from tunebench.models.build import build_meta, build_partitioned
 from tunebench.models.count import counts, training_floor_bytes
 from tunebench.models.float8 import refusal as float8_refusal
-from tunebench.models.shards import fill_partitions, init_adapters, materialize_shards
+from tunebench.models.shards import init_adapters
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import JobFigures, RankFigures, ResultRecord
 from tunebench.status import failure
@@ -199,11 +200,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
     if scope == "model":  # embeddings, blocks, final norm and the loss: one graph, fused across block edges
         module.compile()
-    materialize = None
-    if meta and strategy.meta_init:
-        materialize = lambda: materialize_shards(module, meta.slots, device, cfg.seed, meta.source)  # noqa: E731
-    elif meta:
-        materialize = lambda: fill_partitions(module, meta.slots, device, cfg.seed, meta.dtype, meta.source)  # noqa: E731
+    materialize = functools.partial(meta.materialize, module, device, cfg.seed) if meta else None
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size, materialize))
 
 

@@ -30,7 +30,7 @@ from tunebench.record import ResultRecord
 from tunebench.store import Store, check_store
 from tunebench.tune import Candidate, Objective, Point, Space, Tuner, front
 from tunebench.tune.search import key
-from tunebench.tune.space import describe, world_of
+from tunebench.tune.space import describe, float8_levers, world_of
 
 MANIFEST = ".tunebench-tune.json"  # what a tune wrote into its folder (files.claim_folder)
 PLAN_FOR_CPU = "H100-80GB"  # on a machine without a GPU, candidates are ranked by this GPU's model
@@ -174,6 +174,9 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
     space = settings.space
     if not importlib.util.find_spec("deepspeed"):
         space = Space(**{**space.__dict__, "deepspeed_available": False})
+    if not space.float8:  # not held by --fixed: what this machine can run
+        fp8 = float8_levers(settings.base, bool(gpu and gpu.fp8), importlib.util.find_spec("torchao") is not None)
+        space = Space(**{**space.__dict__, "float8": fp8})
     objective = objective_for(settings.objective, gpu, settings.prices)
     tuner = Tuner(settings.base, space, objective, _predictor(gpu, store), gpu.memory_bytes if gpu else None)
     tune_id = resume or new_sweep_id(f"tune-{settings.base.model}")

@@ -50,6 +50,7 @@ def settings_from(args: argparse.Namespace):
                   seq_lens=_ints(args.seq_lens, "seq_lens"),
                   compile=(base.compile,) if "compile" in fixed else (False, True),
                   checkpointing=((base.grad_ckpt, base.ckpt_every),) if "checkpointing" in fixed else CHECKPOINTING,
+                  float8=(base.float8,) if "float8" in fixed else (),
                   batches=(base.batch_size,) if "batch" in fixed else (),
                   global_batch=_ints(str(args.global_batch), "global_batch")[0] if args.global_batch else None)
     return Settings(base, args.objective, 12 if args.max_runs is None else args.max_runs,

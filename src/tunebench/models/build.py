@@ -24,7 +24,7 @@ from transformers.pytorch_utils import Conv1D
 
 from tunebench.config import RunConfig
 from tunebench.models.attention import sdpa_causal
-from tunebench.models.shards import SafetensorsRows, Slot, base_fill, base_slots
+from tunebench.models.shards import SafetensorsRows, Slot, base_fill, base_slots, fill_partitions, materialize_shards
 from tunebench.models.spec import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -221,7 +221,15 @@ class MetaBuild:
     weights: str  # 'random' or 'safetensors'
     slots: list[Slot]  # the base parameters, in the order an unsharded build draws them
     source: SafetensorsRows | None  # the local checkpoint's rows (None: random weights)
-    dtype: torch.dtype | None = None  # partitioned builds: what an unsharded build draws the values in
+    # a partitioned build (ZeRO-3's zero.Init), not a meta one: the dtype an unsharded build draws the values in
+    partitioned_dtype: torch.dtype | None = None
+
+    def materialize(self, module: nn.Module, device: torch.device, seed: int) -> None:
+        """Make this rank's values once the strategy has sharded (or partitioned) `module`, the model with its loss."""
+        if self.partitioned_dtype is None:
+            materialize_shards(module, self.slots, device, seed, self.source)
+        else:
+            fill_partitions(module, self.slots, device, seed, self.partitioned_dtype, self.source)
 
 
 def _float8(model: PreTrainedModel, cfg: RunConfig) -> None:
@@ -254,10 +262,13 @@ def build_partitioned(spec: ModelSpec, cfg: RunConfig, device: torch.device,
     """The training model of `cfg` built under a context that partitions each module's parameters as soon as the
     module exists (DeepSpeed's zero.Init): no rank ever holds more than one module whole. The values are not
     drawn yet: `models.shards.fill_partitions` fills each rank's partitions as an unsharded build would."""
+    from transformers.initialization import no_init_weights
+
     w = train_weights(cfg.resolved(device.type))
-    model = _from_config(spec, w, partitioning)
+    with no_init_weights():  # Hugging Face's init would index the empty partitions (an embedding's padding row)
+        model = _from_config(spec, w, partitioning)
     source = SafetensorsRows(spec.path) if spec.has_weights else None
-    return MetaBuild(model, "safetensors" if source else "random", base_slots(model), source, w.dtype)
+    return MetaBuild(model, "safetensors" if source else "random", base_slots(model), source, partitioned_dtype=w.dtype)
 
 
 def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device,

@@ -135,5 +135,7 @@ def step_time(w: Workload, hw: Hardware) -> StepTime:
     busy = host if host > compute else compute + LAUNCH_GAPS.get(w.strategy.name, LAUNCH_GAPS_DEFAULT) * host
     busy += DEEPSPEED_PER_MICRO_S * w.cfg.grad_accum if w.deepspeed else 0.0
     parts = gpu | {"host": host, "network (exposed)": network}
-    bound = "network" if network > 0.25 * busy else ("host" if host > compute else "GPU")
+    offloaded = gpu["optimizer"] if w.offloaded else 0.0  # the host's CPU Adam and PCIe copies, in the step
+    host_side, gpu_side = host + offloaded, compute - offloaded
+    bound = "network" if network > 0.25 * busy else ("host" if host_side > gpu_side else "GPU")
     return StepTime(busy + network, parts, bound)
