@@ -83,7 +83,6 @@ import math, sys, torch, torch.distributed as dist
 from deepspeed.runtime.zero import GatheredParameters
 from tunebench.config import RunConfig
 from tunebench.models.build import build_model, build_partitioned
-from tunebench.models.shards import fill_partitions
 from tunebench.models.spec import resolve_model
 from tunebench.strategies import STRATEGIES
 
@@ -94,7 +93,7 @@ meta = build_partitioned(spec, cfg, cpu, STRATEGIES["zero3"].partitioning(cfg, 2
 params = dict(meta.model.named_parameters())
 for name, p in params.items():  # never whole: each rank holds its half of every parameter, padded
     assert p.numel() == 0 and p.ds_tensor.numel() == math.ceil(p.ds_numel / 2), name
-fill_partitions(meta.model, meta.slots, cpu, cfg.seed, meta.dtype, meta.source)
+meta.materialize(meta.model, cpu, cfg.seed)  # models.shards.fill_partitions
 whole, _ = build_model(spec, cfg, cpu)
 for name, w in whole.named_parameters():  # gathered, the partitions are the unsharded build's weights
     with GatheredParameters([params[name]]):
