@@ -33,6 +33,7 @@
 #   bash benchmarks/gpu_proof.sh plainddp  # issue 15: TinyGPT DDP and ZeRO-2 vs the plain scripts, 1 and NPROC GPUs
 #   bash benchmarks/gpu_proof.sh fsdp8b    # issue 15: Llama-3-8B FSDP2 vs the plain script (NPROC GPUs); ZeRO-3 70B LoRA
 #   bash benchmarks/gpu_proof.sh lora7b    # issue 14: Mistral-7B bf16 LoRA vs HF Trainer + PEFT (GPU 0)
+#   bash benchmarks/gpu_proof.sh fsdp8bprof  # issue 15: the same two sides without checkpointing, profiled (rank 0)
 #   bash benchmarks/gpu_proof.sh offload   # issue 15: Llama-3-8B full ZeRO-3 on one GPU, the optimizer on the host
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
@@ -306,6 +307,10 @@ fsdp8b)
   tb run --model llama-3-70b --method lora --strategy zero3 --nproc-per-node ${NPROC:-4} --seq-len 2048 \
     --batch-size 2 --grad-ckpt --optimizer adamw_fused --steps 5 --warmup 2 --run-timeout 200 \
     --tag gpu-proof-zero3 2>&1 | show
+  ;;
+fsdp8bprof)
+  python3 benchmarks/vs_plain_fsdp.py --gpus ${NPROC:-4} --sides plain,ours --batch-size 2 --steps 10 --warmup 4 \
+    --profile 5 --side-timeout 200 --out "$OUT/vs_plain_fsdp_profile.json" 2>&1 | tail -32
   ;;
 offload)
   show() { grep -E "status|tokens/s  |peak memory|MFU|setup|Error|error" ; }

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser, sides: tuple[str, ...], default_si
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test with gloo")
     p.add_argument("--side-timeout", type=float, default=420, help="seconds one side may take, start-up included")
     p.add_argument("--out", help="write all figures as JSON here (after every side)")
-    p.add_argument("--side", choices=[s for s in sides if s.startswith("plain")], help=argparse.SUPPRESS)
+    p.add_argument("--side", choices=sides, help=argparse.SUPPRESS)  # a rank under torchrun
     p.add_argument("--ours", choices=[s for s in sides if s.startswith("ours")], help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
 
@@ -48,9 +48,11 @@ def as_side_process(a: argparse.Namespace, plain_rank: Callable[[argparse.Namesp
     return False
 
 
-def run_side(script: str, side: str, world: int, shape: list[str], timeout: float) -> dict:
-    """One side at one world size, in processes of its own; its whole process group ended past `timeout`."""
-    if side.startswith("plain"):
+def run_side(script: str, side: str, world: int, shape: list[str], timeout: float, torchrun: bool = False) -> dict:
+    """One side at one world size, in processes of its own; its whole process group ended past `timeout`.
+    Plain sides (and ours when `torchrun`) run their ranks under torchrun; ours otherwise goes through
+    `tunebench.run`, which starts its own."""
+    if side.startswith("plain") or torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", script,
                "--side", side, *shape]
     else:
@@ -94,9 +96,11 @@ def start_rank(device: str):
     return dev
 
 
-def timed_rank(a: argparse.Namespace, dev, train: Callable, vocab: int, row_len: int) -> None:
+def timed_rank(a: argparse.Namespace, dev, train: Callable, vocab: int, row_len: int,
+               profile_steps: int = 0) -> None:
     """`a.steps` steps of `train(ids)` on random rows of `row_len` tokens (this rank's own), those after `a.warmup`
-    timed; tokens/s is every rank's tokens over the slowest rank's time, printed by rank 0."""
+    timed; tokens/s is every rank's tokens over the slowest rank's time, printed by rank 0. `profile_steps`: then
+    that many more steps, rank 0's under the PyTorch profiler (GPU time by kind of kernel, idle share)."""
     import torch
     import torch.distributed as dist
 
@@ -112,11 +116,23 @@ def timed_rank(a: argparse.Namespace, dev, train: Callable, vocab: int, row_len:
     sync()
     wall = torch.tensor([time.perf_counter() - start], device=dev)
     dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+    result = {"side": a.side, "status": "ok", "world": world,
+              "tokens_per_s": world * (a.steps - a.warmup) * a.batch_size * a.seq_len / wall.item(),
+              "loss_last": float(loss.detach()),
+              "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
+    result["tokens_per_s_per_gpu"] = result["tokens_per_s"] / world
+    if profile_steps and cuda:
+        from vs_plain_gpt import PROFILE_WARMUP, profile
+
+        def step() -> object:
+            return train(torch.randint(0, vocab, (a.batch_size, row_len), generator=gen, device=dev))
+
+        if rank == 0:
+            result["profile"] = profile(step, profile_steps)
+        else:  # the same steps, in step with rank 0's collectives
+            for _ in range(PROFILE_WARMUP + profile_steps):
+                step()
     if rank == 0:
-        tps = world * (a.steps - a.warmup) * a.batch_size * a.seq_len / wall.item()
-        print("RESULT " + json.dumps({"side": a.side, "status": "ok", "world": world, "tokens_per_s": tps,
-                                      "tokens_per_s_per_gpu": tps / world, "loss_last": float(loss.detach()),
-                                      "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}),
-              flush=True)
+        print("RESULT " + json.dumps(result), flush=True)
     dist.barrier()  # no rank tears its group down while another still reads its result
     dist.destroy_process_group()

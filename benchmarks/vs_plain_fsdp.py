@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sides import add_arguments, as_side_process, chosen, run_side, save, start_rank, timed_rank  # noqa: E402
+from vs_plain_gpt import print_profiles  # noqa: E402
 
 SIDES = ("plain", "plain-ckpt", "ours", "ours-ckpt")
 PEAK_BF16 = 989e12  # H100 / H200 SXM dense bf16
@@ -72,16 +73,41 @@ def plain_rank(a: argparse.Namespace) -> None:
         opt.zero_grad(set_to_none=True)
         return loss
 
-    timed_rank(a, dev, train, spec.vocab_size, a.seq_len)
+    timed_rank(a, dev, train, spec.vocab_size, a.seq_len, a.profile)
+
+
+def _our_config(a: argparse.Namespace, side: str, world: int):
+    from tunebench import RunConfig
+
+    return RunConfig(model=a.model, method="full", seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
+                     warmup=a.warmup, optimizer="adamw_fused" if a.device == "cuda" else "adamw", grad_clip=1.0,
+                     grad_ckpt=side == "ours-ckpt", device=a.device, strategy="fsdp", nproc_per_node=world,
+                     telemetry=False, tag=["vs_plain_fsdp"])
+
+
+def ours_rank(a: argparse.Namespace) -> None:
+    """With --profile: one rank of our side under torchrun, our engine's step built from the runner's pieces as
+    `run` builds it, timed and profiled as the plain side is (the engine without the harness around it)."""
+    from tunebench.dist import from_env, rank_session
+    from tunebench.engine.data import SyntheticTokens
+    from tunebench.engine.step import optimizer_step_fn
+    from tunebench.runner import Outcome, build_trainable, preflight
+
+    ctx = from_env()
+    cfg = _our_config(a, a.side, ctx.world_size)
+    plan = preflight(cfg, ctx.local_rank)
+    with rank_session(ctx, plan.device, cfg.timeout):
+        t = build_trainable(plan, Outcome(), ctx)
+        data = SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, plan.device, cfg.seed, ctx.rank,
+                               ctx.world_size)
+        step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, ctx)
+        timed_rank(a, plan.device, lambda ids: step(), 2, 1, a.profile)  # the batches are the engine's own
 
 
 def ours(a: argparse.Namespace, side: str, world: int) -> dict:
-    from tunebench import RunConfig, run
+    from tunebench import run
 
-    rec = run(RunConfig(model=a.model, method="full", seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
-                        warmup=a.warmup, optimizer="adamw_fused" if a.device == "cuda" else "adamw", grad_clip=1.0,
-                        grad_ckpt=side == "ours-ckpt", device=a.device, strategy="fsdp", nproc_per_node=world,
-                        telemetry=False, tag=["vs_plain_fsdp"]))
+    rec = run(_our_config(a, side, world))
     m = rec.metrics
     return {"side": side, "status": rec.status, "error": rec.error, "world": world,
             "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu, "loss_last": m.loss_last,
@@ -106,15 +132,18 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--profile", type=int, default=0, help="then profile this many steps per side (GPU time by kind "
+                                                           "of kernel; ours then runs under torchrun from the "
+                                                           "runner's pieces, not through tunebench.run)")
     add_arguments(p, SIDES, "plain-ckpt,ours-ckpt")
     a = p.parse_args()
-    if as_side_process(a, plain_rank, ours):
+    if as_side_process(a, lambda a: (plain_rank if a.side.startswith("plain") else ours_rank)(a), ours):
         return
     shape = ["--model", a.model, "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps",
-             str(a.steps), "--warmup", str(a.warmup), "--device", a.device]
+             str(a.steps), "--warmup", str(a.warmup), "--device", a.device, "--profile", str(a.profile)]
     results: list[dict] = []
     for side in chosen(p, a, SIDES):
-        results.append(run_side(__file__, side, a.gpus, shape, a.side_timeout))
+        results.append(run_side(__file__, side, a.gpus, shape, a.side_timeout, torchrun=a.profile > 0))
         save(a.out, results)
     summary(results, palm_flops_per_token(a.model, a.seq_len))
 
@@ -130,6 +159,7 @@ def summary(results: list[dict], flops: float) -> None:
         ratio = f"{tps / plain:10.3f}" if plain and r["side"].startswith("ours") else f"{'':>10}"
         peak = f"{r['peak_alloc_gib']:10.1f}" if r.get("peak_alloc_gib") else f"{'':>10}"
         print(f"{r['side']:<12}{r['world']:>5}{tps:>11,.0f}{tps * flops / PEAK_BF16:>10.1%}{peak}{ratio}")
+    print_profiles(results, top=12)  # rank 0's, with --profile
 
 
 if __name__ == "__main__":

@@ -191,12 +191,15 @@ def _category(name: str) -> str:
     return "other kernels"
 
 
+PROFILE_WARMUP = 3  # steps run before the profiled ones
+
+
 def profile(step: Callable[[], object], steps: int = 5) -> dict:
     """GPU time per step by kind of kernel, and the share of the step's wall time the GPU was idle."""
     import torch
     from torch.profiler import ProfilerActivity
 
-    for _ in range(3):
+    for _ in range(PROFILE_WARMUP):
         step()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
@@ -285,12 +288,19 @@ def _print(a: argparse.Namespace, results: list[dict]) -> None:
         if r.get("bare_tokens_per_s"):
             print(f"{r['side']}: a bare loop of the same step ran {r['bare_tokens_per_s']:,.0f} tokens/s: the "
                   f"harness costs {r['harness_overhead']:+.1%}")
+    print_profiles(results)
+
+
+def print_profiles(results: list[dict], top: int = 0) -> None:
+    """Each profiled side's step by kind of kernel (ms), and its `top` kernels."""
     for r in results:
         prof = r.get("profile")
         if prof:
             kinds = ", ".join(f"{k} {v:.1f}" for k, v in prof["ms_by_kind"].items())
             print(f"{r['side']}: {prof['wall_ms']:.1f} ms/step, GPU busy {prof['gpu_busy_ms']:.1f} ms "
                   f"(idle {prof['idle_share']:.0%}): {kinds}")
+            for name, ms in list(prof["top_kernels_ms"].items())[:top]:
+                print(f"    {ms:8.2f} ms  {name}")
 
 
 if __name__ == "__main__":
