@@ -67,8 +67,8 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
         raise invalid("nproc_per_node", nproc, f"only {torch.cuda.device_count()} GPUs are visible on this node")
     world = nproc * cfg.nnodes
     strategy = check_strategy(cfg, world)
-    if cfg.float8 != "off":
-        _check_float8(cfg, device, strategy.deepspeed)
+    if cfg.float8 != "off":  # what no GPU or package can change was refused with the strategy
+        _check_float8(cfg, device)
     if cfg.method == "qlora":
         require("bitsandbytes", "method=qlora")
     if cfg.optimizer in BNB_OPTIMIZERS:
@@ -82,13 +82,7 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     return Plan(cfg, device, spec, world, strategy, requested)
 
 
-def _check_float8(cfg: RunConfig, device: torch.device, deepspeed: bool) -> None:
-    if cfg.method != "full":
-        raise invalid("float8", cfg.float8, "float8 trains the weights of a full fine-tune; a LoRA/QLoRA base is "
-                                            "frozen (use float8=off)")
-    if deepspeed:
-        raise invalid("float8", cfg.float8, f"torchao's float8 layers run under single, ddp or fsdp, not under "
-                                            f"DeepSpeed's {cfg.strategy}")
+def _check_float8(cfg: RunConfig, device: torch.device) -> None:
     if device.type == "cuda":
         why = float8_refusal(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device))
         if why:

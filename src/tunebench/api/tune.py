@@ -173,10 +173,10 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
     gpu, gpu_name = _machine_gpu()
     space = settings.space
     if not importlib.util.find_spec("deepspeed"):
-        space = Space(**{**space.__dict__, "deepspeed_available": False})
+        space = replace(space, deepspeed_available=False)
     if not space.float8:  # not held by --fixed: what this machine can run
         fp8 = float8_levers(settings.base, bool(gpu and gpu.fp8), importlib.util.find_spec("torchao") is not None)
-        space = Space(**{**space.__dict__, "float8": fp8})
+        space = replace(space, float8=fp8)
     objective = objective_for(settings.objective, gpu, settings.prices)
     tuner = Tuner(settings.base, space, objective, _predictor(gpu, store), gpu.memory_bytes if gpu else None)
     tune_id = resume or new_sweep_id(f"tune-{settings.base.model}")

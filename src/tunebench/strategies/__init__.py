@@ -73,6 +73,12 @@ class Strategy:
         if self.deepspeed and cfg.optimizer in BNB_OPTIMIZERS:
             raise UserError(f"invalid optimizer={cfg.optimizer} with strategy={self.name}: DeepSpeed shards the "
                             "optimizer itself; use adamw or adamw_fused")
+        if cfg.float8 != "off" and cfg.method != "full":
+            raise UserError(f"invalid float8={cfg.float8}: float8 trains the weights of a full fine-tune; a LoRA/QLoRA "
+                            "base is frozen (use float8=off)")
+        if cfg.float8 != "off" and self.deepspeed:
+            raise UserError(f"invalid float8={cfg.float8}: torchao's float8 layers run under single, ddp or fsdp, "
+                            f"not under DeepSpeed's {self.name}")
         if cfg.offload != "none" and not self.deepspeed:
             deepspeed = " or ".join(n for n, st in STRATEGIES.items() if st.deepspeed)
             raise UserError(f"invalid offload={cfg.offload} with strategy={self.name}: the optimizer runs on the host "

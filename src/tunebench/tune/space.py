@@ -78,11 +78,9 @@ def float8_levers(base: RunConfig, fp8_gpu: bool, torchao: bool) -> tuple[str, .
     return (base.float8,)
 
 
-def _float8(base: RunConfig, space: Space, strategy: str) -> list[str]:
+def _float8(base: RunConfig, space: Space, strategy: str, world: int) -> list[str]:
     values = space.float8 or (base.float8,)
-    if STRATEGIES[strategy].deepspeed or base.method != "full":  # refused there (runner._check_float8)
-        values = tuple(v for v in values if v == "off") or ("off",)
-    return list(values)
+    return [v for v in values if not cfg_refused(STRATEGIES[strategy], base.model_copy(update={"float8": v}), world)]
 
 
 def _optimizers(base: RunConfig, space: Space, strategy: str) -> list[str]:
@@ -104,7 +102,7 @@ def structures(base: RunConfig, space: Space) -> list[RunConfig]:
                 continue
             for opt, seq, comp, (ckpt, every), f8 in itertools.product(
                     _optimizers(base, space, strategy), seq_lens, space.compile, space.checkpointing,
-                    _float8(base, space, strategy)):
+                    _float8(base, space, strategy, world)):
                 out.append(base.model_copy(update={
                     "strategy": strategy, "nproc_per_node": None if strategy == "single" else world // base.nnodes,
                     "optimizer": opt, "seq_len": seq, "compile": comp, "grad_ckpt": ckpt, "ckpt_every": every,
