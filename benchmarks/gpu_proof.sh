@@ -35,6 +35,11 @@
 #   bash benchmarks/gpu_proof.sh lora7b    # issue 14: Mistral-7B bf16 LoRA vs HF Trainer + PEFT (GPU 0)
 #   bash benchmarks/gpu_proof.sh fsdp8bprof  # issue 15: the same two sides without checkpointing, profiled (rank 0)
 #   bash benchmarks/gpu_proof.sh offload   # issue 15: Llama-3-8B full ZeRO-3 on one GPU, the optimizer on the host
+#   bash benchmarks/gpu_proof.sh gputests  # the tests that also run on a GPU (skipped on the CPU), on GPU 0
+#   bash benchmarks/gpu_proof.sh fsdpvs    # issue 15: Llama-3-8B FSDP2 vs the plain script, with and without ckpt
+#   bash benchmarks/gpu_proof.sh ddppure   # issue 15: TinyGPT DDP scaling 1 -> 4, bf16 autocast and bf16-pure
+#   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
+#                                          #   three ways (ckpt_keep matmuls), the checkpointed one profiled
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -319,6 +324,27 @@ offload)
     --grad-ckpt --offload optimizer --gpu h200 2>&1 | head -12
   tb run --model llama-3-8b --method full --strategy zero3 --nproc-per-node 1 --seq-len 4096 --batch-size 2 \
     --grad-ckpt --offload optimizer --steps 6 --warmup 2 --run-timeout 300 --tag gpu-proof-offload 2>&1 | show
+  ;;
+gputests)
+  CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py 2>&1 | tail -4
+  ;;
+fsdpvs)
+  python3 benchmarks/vs_plain_fsdp.py --gpus ${NPROC:-4} --sides plain-ckpt,ours-ckpt,plain,ours --batch-size 2 \
+    --steps 12 --warmup 5 --side-timeout 150 --out "$OUT/vs_plain_fsdp.json" 2>&1 | tail -7
+  ;;
+ddppure)
+  python3 benchmarks/vs_plain_ddp.py --gpus 1,${NPROC:-4} --sides ours-ddp,ours-ddp-pure \
+    --out "$OUT/vs_plain_ddp_pure.json" 2>&1 | tail -6
+  ;;
+keep7b)
+  K="--model mistral-7b --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt,ckpt+mm,none}"
+  K="$K --profile ${PROFILE:-ckpt}"
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py --method lora $K --out "$OUT/keep7b_lora.json" \
+    > "$OUT/keep7b_lora.txt" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 python3 benchmarks/vs_hf_trainer.py --method qlora $K --out "$OUT/keep7b_qlora.json" \
+    > "$OUT/keep7b_qlora.txt" 2>&1 &
+  wait
+  tail -n 22 "$OUT/keep7b_lora.txt" "$OUT/keep7b_qlora.txt"
   ;;
 lora7b)
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py --method lora --model mistral-7b --seq-len 512 \

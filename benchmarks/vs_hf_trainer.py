@@ -6,12 +6,18 @@ batch, sequence length, checkpointing and step counts. Only the timed steps (aft
 
     python benchmarks/vs_hf_trainer.py --model mistral-7b --seq-len 512 --batch-size 8 [--liger] [--out F]
     python benchmarks/vs_hf_trainer.py --method lora ...   # a bf16 base, fused AdamW on both sides
+    python benchmarks/vs_hf_trainer.py --ours ckpt,ckpt+mm,none --profile ckpt   # ours three ways, one profiled
 
 The HF side is written as a user writes it: the NF4 model (built here as from_pretrained with a
 BitsAndBytesConfig would leave it: NF4 linears, the rest in bf16), peft's
 prepare_model_for_kbit_training, get_peft_model, then Trainer(bf16=True, optim=paged_adamw_8bit,
 gradient_checkpointing=True). With `--method lora` the base stays bf16, there is no kbit preparation, and
 both sides use fused AdamW (Trainer's adamw_torch_fused).
+
+`--ours` runs tunebench several ways against the same HF run: `ckpt` (every block checkpointed, as HF),
+`ckpt+mm` (checkpointed blocks keep their matmuls' outputs: `ckpt_keep: matmuls`), `ckpt/2` (every other
+block), `none` (no checkpointing). `--profile V` adds, for each variant V named, the GPU time per step by kind of
+kernel and the share of the step the GPU sat idle (tunebench's step built from the runner's pieces).
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the profiler of vs_plain_gpt
+
+from vs_plain_gpt import print_profiles  # noqa: E402
 
 GIB = 1024**3
 
@@ -33,24 +42,35 @@ def _gib(n: int | None) -> float | None:
     return None if n is None else n / GIB
 
 
-def _cfg(a: argparse.Namespace):
+VARIANTS = {"ckpt": dict(grad_ckpt=True), "ckpt+mm": dict(grad_ckpt=True, ckpt_keep="matmuls"),
+            "ckpt/2": dict(grad_ckpt=True, ckpt_every=2), "none": dict(grad_ckpt=False)}
+
+
+def _cfg(a: argparse.Namespace, variant: str | None = None):
     from tunebench import RunConfig
 
-    return RunConfig(model=a.model, method=a.method, seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
+    cfg = RunConfig(model=a.model, method=a.method, seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
                      warmup=a.warmup, lora_rank=16, lora_alpha=32, lora_dropout=0.0, grad_ckpt=a.grad_ckpt,
                      optimizer="paged_adamw_8bit" if a.method == "qlora" else "adamw_fused", precision="bf16",
                      lr=2e-4, device=a.device, tag=["vs_hf_trainer"])
+    return cfg.model_copy(update=VARIANTS[variant]) if variant else cfg
 
 
 def side_ours(a: argparse.Namespace) -> dict:
     from tunebench import run
 
-    rec = run(_cfg(a))
+    cfg = _cfg(a, a.variant)
+    rec = run(cfg)
     m = rec.metrics
-    return {"side": "tunebench", "status": rec.status, "error": rec.error, "tokens_per_s": m.tokens_per_s,
-            "peak_alloc_gib": _gib(m.peak_mem_allocated_bytes), "peak_reserved_gib": _gib(m.peak_mem_reserved_bytes),
-            "loss_first": m.loss_first, "loss_last": m.loss_last, "setup_s": m.setup_s, "mfu": m.mfu,
-            "record": json.loads(rec.model_dump_json())}
+    out = {"side": f"tunebench {a.variant}", "status": rec.status, "error": rec.error, "tokens_per_s": m.tokens_per_s,
+           "peak_alloc_gib": _gib(m.peak_mem_allocated_bytes), "peak_reserved_gib": _gib(m.peak_mem_reserved_bytes),
+           "loss_first": m.loss_first, "loss_last": m.loss_last, "setup_s": m.setup_s, "mfu": m.mfu,
+           "record": json.loads(rec.model_dump_json())}
+    if a.variant in a.profile and rec.status == "ok":
+        from vs_plain_gpt import _our_step, profile
+
+        out["profile"] = profile(_our_step(cfg))
+    return out
 
 
 def side_hf(a: argparse.Namespace) -> dict:
@@ -112,8 +132,9 @@ def side_hf(a: argparse.Namespace) -> dict:
             "train_loss": out.training_loss}
 
 
-def _child(a: argparse.Namespace, side: str, liger: bool = False) -> dict:
-    cmd = [sys.executable, __file__, "--side", side, "--model", a.model, "--seq-len", str(a.seq_len),
+def _child(a: argparse.Namespace, side: str, liger: bool = False, variant: str = "ckpt") -> dict:
+    cmd = [sys.executable, __file__, "--side", side, "--variant", variant, "--profile", ",".join(a.profile),
+           "--model", a.model, "--seq-len", str(a.seq_len),
            "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--warmup", str(a.warmup), "--device", a.device,
            "--method", a.method]
     cmd += ["--grad-ckpt" if a.grad_ckpt else "--no-grad-ckpt"] + (["--liger"] if liger else [])
@@ -135,28 +156,38 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no memory figures)")
     p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--liger", action="store_true", help="also run HF Trainer with use_liger_kernel=True")
+    p.add_argument("--ours", help=f"tunebench's variants, comma-separated, of {', '.join(VARIANTS)} (default: "
+                                  "checkpointed as the HF side is)")
+    p.add_argument("--profile", default="", help="the variants of ours to profile too, comma-separated")
+    p.add_argument("--variant", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
     p.add_argument("--side", choices=("ours", "hf"), help=argparse.SUPPRESS)
     p.add_argument("--out", help="write all figures as JSON here")
     a = p.parse_args()
+    a.profile = [v for v in a.profile.split(",") if v]
+    ours_variants = (a.ours or ("ckpt" if a.grad_ckpt else "none")).split(",")
+    if unknown := set(ours_variants + a.profile) - set(VARIANTS):
+        p.error(f"unknown variants {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
     if a.side:
         print("RESULT " + json.dumps(side_ours(a) if a.side == "ours" else side_hf(a)), flush=True)
         return
-    results = [_child(a, "ours"), _child(a, "hf")] + ([_child(a, "hf", liger=True)] if a.liger else [])
-    ours = results[0]
+    results = [_child(a, "ours", variant=v) for v in ours_variants]
+    results += [_child(a, "hf")] + ([_child(a, "hf", liger=True)] if a.liger else [])
     what = "QLoRA" if a.method == "qlora" else "LoRA (bf16 base)"
     print(f"\n{a.model} {what} seq {a.seq_len} batch {a.batch_size} grad_ckpt {a.grad_ckpt} "
           f"({a.steps - a.warmup} timed steps after {a.warmup} warmup)")
-    print(f"{'side':<20}{'status':<8}{'tokens/s':>10}{'peak alloc GiB':>16}{'reserved GiB':>14}{'ratio':>8}{'mem':>7}")
+    hf = next((r for r in results if r["side"] == "hf_trainer"), {})
+    print(f"{'side':<22}{'status':<8}{'tokens/s':>10}{'peak alloc GiB':>16}{'reserved GiB':>14}{'x HF':>8}{'mem':>7}")
     for r in results:
         if r.get("status") != "ok":
-            print(f"{r['side']:<20}{r.get('status'):<8}  {str(r.get('error', ''))[-400:]}")
+            print(f"{r['side']:<22}{r.get('status'):<8}  {str(r.get('error', ''))[-400:]}")
             continue
-        ratio = ours["tokens_per_s"] / r["tokens_per_s"] if ours.get("status") == "ok" else float("nan")
+        ratio = r["tokens_per_s"] / hf["tokens_per_s"] if hf.get("status") == "ok" else float("nan")
         alloc, resv = r["peak_alloc_gib"] or float("nan"), r["peak_reserved_gib"] or float("nan")
-        mem = (ours["peak_alloc_gib"] or float("nan")) / alloc if ours.get("status") == "ok" else float("nan")
-        print(f"{r['side']:<20}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{alloc:>16.2f}{resv:>14.2f}"
+        mem = alloc / hf["peak_alloc_gib"] if hf.get("status") == "ok" and hf["peak_alloc_gib"] else float("nan")
+        print(f"{r['side']:<22}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{alloc:>16.2f}{resv:>14.2f}"
               f"{ratio:>8.3f}{mem:>7.3f}")
-    print("ratio = tunebench tokens/s / that side's; mem = tunebench peak allocated / that side's")
+    print("x HF = that side's tokens/s / HF Trainer's (with the same checkpointing); mem = its peak allocated / HF's")
+    print_profiles(results, top=8)
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=2))
 

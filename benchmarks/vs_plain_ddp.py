@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 
 from sides import add_arguments, as_side_process, chosen, run_side, save, start_rank, timed_rank  # noqa: E402
 
-SIDES = ("plain-ddp", "plain-ddp-compile", "plain-zero2", "ours-ddp", "ours-zero2")
+SIDES = ("plain-ddp", "plain-ddp-compile", "plain-zero2", "ours-ddp", "ours-zero2", "ours-ddp-pure")  # -pure: bf16-pure
 
 
 def plain_rank(a: argparse.Namespace) -> None:
@@ -64,10 +64,12 @@ def plain_rank(a: argparse.Namespace) -> None:
 def ours(a: argparse.Namespace, side: str, world: int) -> dict:
     from tunebench import RunConfig, run
 
-    strategy = side.removeprefix("ours-")
+    strategy = side.removeprefix("ours-").removesuffix("-pure")
     rec = run(RunConfig(model="tinygpt-124m", method="full", seq_len=a.seq_len, batch_size=a.batch_size,
                         steps=a.steps, warmup=a.warmup, optimizer="adamw_fused" if a.device == "cuda" else "adamw",
-                        grad_clip=1.0, device=a.device, strategy=strategy, nproc_per_node=world, telemetry=False,
+                        grad_clip=1.0, device=a.device, strategy=strategy,
+                        precision="bf16-pure" if side.endswith("-pure") and a.device == "cuda" else "auto",
+                        nproc_per_node=world, telemetry=False,
                         tag=["vs_plain_ddp"]))
     m = rec.metrics
     return {"side": side, "status": rec.status, "error": rec.error, "world": world, "tokens_per_s": m.tokens_per_s,

@@ -83,3 +83,44 @@ def test_odd_vocabularies_are_padded_for_aligned_matmuls():
     assert padded.shape == (128, 8) and torch.equal(padded[:97], odd) and not padded[97:].any()
     assert L._padded(aligned) is aligned
 
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: "
+                                                                "run on one, see benchmarks/RESULTS.md"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_head_gradient_accumulates_in_fp32(device):
+    """Chunk by chunk the head's gradient goes into fp32: on CUDA straight from the matmul (no bf16 rounding of
+    each chunk's product); elsewhere through a product in the inputs' dtype."""
+    torch.manual_seed(0)
+    acc = torch.randn(256, 128, device=device)
+    a = torch.randn(256, 512, device=device, dtype=torch.bfloat16)
+    b = torch.randn(512, 128, device=device, dtype=torch.bfloat16)
+    want = acc + a.float() @ b.float()
+    L._accumulate(acc, a, b)
+    err = ((acc - want).norm() / want.norm()).item()
+    assert acc.dtype == torch.float32
+    assert err < (1e-5 if device == "cuda" else 5e-3), err
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_bf16_on_each_device_matches_fp32_reference(monkeypatch, device):
+    """bf16 weights and hidden states (FSDP2's compute), several chunks: value and gradients near fp32's."""
+    monkeypatch.setattr(L, "LOGITS_PER_CHUNK", 1000 * 64)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(128, 1000, bias=False, device=device)
+    h = torch.randn(4, 96, 128, device=device, requires_grad=True)
+    y = torch.randint(0, 1000, (4, 96), device=device)
+    ref = _reference(h, head, y)
+    gr = torch.autograd.grad(ref, [h, head.weight])
+    hb, wb = h.detach().bfloat16().requires_grad_(), head.weight.detach().bfloat16().requires_grad_()
+    bf16_head = torch.nn.Linear(128, 1000, bias=False, device=device, dtype=torch.bfloat16)
+    bf16_head.weight = torch.nn.Parameter(wb)
+    out = L.causal_lm_loss(hb, bf16_head, y, 1000)
+    go = torch.autograd.grad(out, [hb, bf16_head.weight])
+    assert L.chunk_tokens(1000) * 2 < 4 * 96  # several chunks
+    assert abs(out.item() - ref.item()) < 2e-2
+    for a, b in zip(go, gr):
+        assert a.dtype == torch.bfloat16
+        assert ((a.float() - b).norm() / b.norm()).item() < 2e-2

@@ -66,7 +66,8 @@ def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None 
         return "hw " + ",".join(c.get("sections", []))
     world = f" x{world_size}" if world_size else ""
     every = c.get("ckpt_every", 1)
-    extras = (" ckpt" + (f"/{every}" if every > 1 else "")) * bool(c.get("grad_ckpt"))
+    keep = "+mm" if c.get("ckpt_keep") == "matmuls" else ""
+    extras = (" ckpt" + (f"/{every}" if every > 1 else "") + keep) * bool(c.get("grad_ckpt"))
     extras += " compile" * (c.get("compile") is True if compiled is None else bool(compiled))
     return (f"{c['model']} {c['method']} {c.get('strategy', 'single')}{world} "
             f"b{c['batch_size']}x{c.get('grad_accum', 1)} s{c['seq_len']}{extras}")

@@ -27,6 +27,7 @@ from tunebench.engine.data import SyntheticTokens
 from tunebench.engine.loop import LoopResult, LoopSpec, run_loop
 from tunebench.engine.loss import is_fusable
 from tunebench.engine.model import CausalLMWithLoss, count_params, transformer_blocks, unwrap
+from tunebench.engine.recompute import checkpoint_every, keep_matmuls, no_input_grads, recomputed_share
 from tunebench.engine.step import TrainStep, optimizer_step_fn
 from tunebench.environment import environment
 from tunebench.errors import UserError, invalid, require
@@ -138,16 +139,6 @@ class Outcome:
     job: JobFigures | None = None  # a training job's own figures
 
 
-def checkpoint_every(blocks: nn.ModuleList, every: int) -> None:
-    """Selective checkpointing: keep it on one block in `every` (Hugging Face turned it on for all of them)."""
-    for i, block in enumerate(blocks):
-        block.gradient_checkpointing = i % every == 0
-
-
-def checkpointed_share(blocks: nn.ModuleList) -> float:
-    return sum(bool(getattr(b, "gradient_checkpointing", False)) for b in blocks) / len(blocks)
-
-
 @dataclass
 class Trainable:
     """The model ready to train: built, its method applied, wrapped by its strategy with its optimizer."""
@@ -176,7 +167,11 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         checkpoint_every(transformer_blocks(model, spec.num_layers), cfg.ckpt_every)
+        if cfg.ckpt_keep == "matmuls":
+            keep_matmuls(transformer_blocks(model, spec.num_layers))
     model = apply_method(model, cfg)
+    if cfg.grad_ckpt and cfg.method != "full":
+        no_input_grads(unwrap(model).get_input_embeddings())
     if cfg.method != "full" and not meta:
         init_adapters(model, cfg.seed, device)  # as a sharded build draws them: every strategy starts alike
     model.train()
@@ -190,7 +185,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     # Counted before the strategy shards anything (ZeRO-3 leaves empty partitions behind).
     fused = strategy.fused_head and is_fusable(head)
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
-                                checkpointed_share(blocks), head_recompute=not fused)
+                                recomputed_share(blocks), head_recompute=not fused)
     module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
     if scope == "model":  # embeddings, blocks, final norm and the loss: one graph, fused across block edges
         module.compile()

@@ -51,6 +51,11 @@ class RunConfig(BaseModel):
     ckpt_every: int = Field(1, ge=1, le=1024, description="with grad_ckpt: checkpoint one block in N (1: every "
                                                           "block, full; 2: every other block, selective)",
                             json_schema_extra=LATER)
+    ckpt_keep: Literal["input", "matmuls"] = Field(
+        "input", description="with grad_ckpt: what a checkpointed block keeps. input: only its input (its whole "
+                             "forward runs again in backward); matmuls: also the outputs of its large matmuls and "
+                             "attention (op-level selective: only the elementwise ops run again)",
+        json_schema_extra=LATER)
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
     compile: bool | Literal["auto"] = Field(
         "auto", description="torch.compile the model (compile time is reported apart, never in the timed steps); "
@@ -112,6 +117,8 @@ class RunConfig(BaseModel):
         if self.steps <= self.warmup:
             raise ValueError(f"steps={self.steps} must be greater than warmup={self.warmup} "
                              "(warmup steps are not timed)")
+        if self.ckpt_keep != "input" and not self.grad_ckpt:
+            raise ValueError(f"ckpt_keep={self.ckpt_keep} chooses what checkpointed blocks keep: it needs grad_ckpt")
         return self._check_shape_and_nodes()
 
     def _check_shape_and_nodes(self) -> RunConfig:

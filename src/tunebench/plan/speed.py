@@ -70,17 +70,18 @@ def matmul_efficiency(hidden: int, tokens: int) -> float:
 def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     s, c, cfg = w.spec, w.counts, w.cfg
     tokens = w.tokens * cfg.grad_accum
-    share = w.checkpointed_share
-    passes = 2 + share  # passes over the weights: forward, backward, recompute
-    blocks = c.block_linears * (6 if w.full else 4) + 2 * c.block_linears * share
+    share, again = w.checkpointed_share, w.recomputed_share  # blocks recomputed; those whose matmuls rerun
+    passes = 2 + share  # passes over the weights: forward, backward, recompute (4-bit weights dequantized again)
+    blocks = c.block_linears * (6 if w.full else 4) + 2 * c.block_linears * again
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
-    adapters = w.lora_params * (6 + 2 * share)
+    kept = w.cfg.grad_ckpt and w.cfg.ckpt_keep == "matmuls"  # attention and the adapters' first factor kept
+    adapters = w.lora_params * (6 + (share if kept else 2 * share))  # kept: only the up-projections rerun
     ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens)
     # float8: the blocks' GEMMs (not the head's) at float8's effective speedup, its casts included
     gemm = (blocks / FLOAT8_GEMM_SPEEDUP.get(cfg.float8, 1.0) + head) * tokens / ceiling
     gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
     q = s.num_heads * s.head_dim
-    attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share) * tokens
+    attention = 2 * cfg.seq_len * q * w.layers * (3.5 + (0 if kept else share)) * tokens
     act = activations(w)
     # backward moves about twice the forward's bytes; a recompute adds one forward
     traffic = 2 * (1 + share / 3)
@@ -100,7 +101,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
 
 
 def _host(w: Workload) -> float:
-    passes = 2 + w.checkpointed_share
+    # a block keeping its matmuls reruns its elementwise ops inside its compiled backward: no extra calls
+    passes = 2 + w.recomputed_share
     per_adapter = HOST_PER_ADAPTER + (HOST_PER_ADAPTER_ZERO3 if w.strategy.name == "zero3" else 0.0)
     per_block = HOST_PER_BLOCK[w.strategy.name] + len(w.targets) * per_adapter * passes
     return w.cfg.grad_accum * w.layers * per_block
