@@ -37,6 +37,7 @@
 #   bash benchmarks/gpu_proof.sh offload   # issue 15: Llama-3-8B full ZeRO-3 on one GPU, the optimizer on the host
 #   bash benchmarks/gpu_proof.sh gputests  # the tests that also run on a GPU (skipped on the CPU), on GPU 0
 #   bash benchmarks/gpu_proof.sh fsdpvs    # issue 15: Llama-3-8B FSDP2 vs the plain script, with and without ckpt
+#   bash benchmarks/gpu_proof.sh hsdp      # issue 15: Llama-3-8B full, HSDP (2 groups of 2 GPUs) on 4 GPUs
 #   bash benchmarks/gpu_proof.sh ddppure   # issue 15: TinyGPT DDP scaling 1 -> 4, bf16 autocast and bf16-pure
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
 #                                          #   three ways (ckpt_keep matmuls), the checkpointed one profiled
@@ -331,6 +332,12 @@ gputests)
 fsdpvs)
   python3 benchmarks/vs_plain_fsdp.py --gpus ${NPROC:-4} --sides plain-ckpt,ours-ckpt,plain,ours --batch-size 2 \
     --steps 12 --warmup 5 --side-timeout 150 --out "$OUT/vs_plain_fsdp.json" 2>&1 | tail -7
+  ;;
+hsdp)
+  H="--model llama-3-8b --method full --strategy fsdp --nproc-per-node ${NPROC:-4} --shard-size 2 --seq-len 4096"
+  H="$H --batch-size 2 --grad-ckpt --optimizer adamw_fused"
+  tb plan $H --gpu h200 2>&1 | grep -E "peak|tokens/s|bound" | head -4
+  tb run $H --steps 8 --warmup 3 --run-timeout 240 --tag gpu-proof-hsdp 2>&1 | grep -E "status|tokens/s  |peak memory|MFU|setup|rror"
   ;;
 ddppure)
   python3 benchmarks/vs_plain_ddp.py --gpus 1,${NPROC:-4} --sides ours-ddp,ours-ddp-pure \

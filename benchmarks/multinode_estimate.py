@@ -23,6 +23,11 @@ JOBS = {
                                                  grad_ckpt=True, optimizer="adamw_fused"),
     "Llama-3-8B full FSDP2 s4096 b4": dict(model="llama-3-8b", strategy="fsdp", seq_len=4096, batch_size=4,
                                            optimizer="adamw_fused"),
+    # HSDP: shard within each node of 8, replicate across nodes (shard_size = processes per node)
+    "Llama-3-8B full HSDP s4096 b2 ckpt": dict(model="llama-3-8b", strategy="fsdp", shard_size=8, seq_len=4096,
+                                               batch_size=2, grad_ckpt=True, optimizer="adamw_fused"),
+    "Llama-3-8B full HSDP s4096 b4": dict(model="llama-3-8b", strategy="fsdp", shard_size=8, seq_len=4096,
+                                          batch_size=4, optimizer="adamw_fused"),
     "Llama-3-70B QLoRA FSDP2 s2048 b4 ckpt": dict(model="llama-3-70b", method="qlora", strategy="fsdp",
                                                    seq_len=2048, batch_size=4, grad_ckpt=True),
     "TinyGPT 124M DDP s2048 b8": dict(model="tinygpt-124m", strategy="ddp", seq_len=2048, batch_size=8),

@@ -15,9 +15,10 @@ gradient_checkpointing=True). With `--method lora` the base stays bf16, there is
 both sides use fused AdamW (Trainer's adamw_torch_fused).
 
 `--ours` runs tunebench several ways against the same HF run: `ckpt` (every block checkpointed, as HF),
-`ckpt+mm` (checkpointed blocks keep their matmuls' outputs: `ckpt_keep: matmuls`), `ckpt/2` (every other
-block), `none` (no checkpointing). `--profile V` adds, for each variant V named, the GPU time per step by kind of
-kernel and the share of the step the GPU sat idle (tunebench's step built from the runner's pieces).
+`ckpt+mm` (checkpointed blocks keep their matmuls' outputs: `ckpt_keep: matmuls`), `ckpt/2` (every other block),
+`none` (no checkpointing), `ckpt+mm/fused` (`ckpt+mm` with fused AdamW, whatever the HF side's optimizer).
+`--profile V` adds, for each variant V named, the GPU time per step by kind of kernel and the share of the step
+the GPU sat idle (tunebench's step built from the runner's pieces).
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def _gib(n: int | None) -> float | None:
 
 
 VARIANTS = {"ckpt": dict(grad_ckpt=True), "ckpt+mm": dict(grad_ckpt=True, ckpt_keep="matmuls"),
-            "ckpt/2": dict(grad_ckpt=True, ckpt_every=2), "none": dict(grad_ckpt=False)}
+            "ckpt/2": dict(grad_ckpt=True, ckpt_every=2), "none": dict(grad_ckpt=False),
+            # the adapters' optimizer as fused AdamW instead of the side's 8-bit one (a different configuration)
+            "ckpt+mm/fused": dict(grad_ckpt=True, ckpt_keep="matmuls", optimizer="adamw_fused")}
 
 
 def _cfg(a: argparse.Namespace, variant: str | None = None):
@@ -176,15 +179,15 @@ def main() -> None:
     print(f"\n{a.model} {what} seq {a.seq_len} batch {a.batch_size} grad_ckpt {a.grad_ckpt} "
           f"({a.steps - a.warmup} timed steps after {a.warmup} warmup)")
     hf = next((r for r in results if r["side"] == "hf_trainer"), {})
-    print(f"{'side':<22}{'status':<8}{'tokens/s':>10}{'peak alloc GiB':>16}{'reserved GiB':>14}{'x HF':>8}{'mem':>7}")
+    print(f"{'side':<27}{'status':<8}{'tokens/s':>10}{'peak alloc GiB':>16}{'reserved GiB':>14}{'x HF':>8}{'mem':>7}")
     for r in results:
         if r.get("status") != "ok":
-            print(f"{r['side']:<22}{r.get('status'):<8}  {str(r.get('error', ''))[-400:]}")
+            print(f"{r['side']:<27}{r.get('status'):<8}  {str(r.get('error', ''))[-400:]}")
             continue
         ratio = r["tokens_per_s"] / hf["tokens_per_s"] if hf.get("status") == "ok" else float("nan")
         alloc, resv = r["peak_alloc_gib"] or float("nan"), r["peak_reserved_gib"] or float("nan")
         mem = alloc / hf["peak_alloc_gib"] if hf.get("status") == "ok" and hf["peak_alloc_gib"] else float("nan")
-        print(f"{r['side']:<22}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{alloc:>16.2f}{resv:>14.2f}"
+        print(f"{r['side']:<27}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{alloc:>16.2f}{resv:>14.2f}"
               f"{ratio:>8.3f}{mem:>7.3f}")
     print("x HF = that side's tokens/s / HF Trainer's (with the same checkpointing); mem = its peak allocated / HF's")
     print_profiles(results, top=8)

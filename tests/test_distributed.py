@@ -71,6 +71,25 @@ def test_same_losses_as_single(tmp_path, single_losses, strategy):
     assert losses == pytest.approx(single_losses, abs=1e-4)
 
 
+def test_hybrid_sharding_same_losses_as_single(tmp_path, single_losses):
+    """HSDP: shard_size=1 of 2 processes is a 2 x 1 mesh (each rank shards its replica alone, built on meta), the
+    gradients reduced over the shard group and then all-reduced over the replicas: one process's update."""
+    rec = _run(tmp_path / "r.db", *EQUIV, "--strategy", "fsdp", "--shard-size", "1", "--nproc-per-node", "2",
+               "--batch-size", "1")
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["config"]["shard_size"] == 1
+    assert rec["metrics"]["losses"] == pytest.approx(single_losses, abs=1e-4)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("--strategy", "ddp", "--shard-size", "1"), "built on FSDP2 (strategy=fsdp)"),
+    (("--strategy", "fsdp", "--shard-size", "3"), "it must divide them"),
+])
+def test_shard_size_refused(tb, argv, needle):
+    code, _, err = tb("run", *DIST, "--nproc-per-node", "2", "--no-store", *argv)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
 def test_offloaded_optimizer_same_losses_as_single(tmp_path, single_losses):
     """offload=optimizer: DeepSpeed's CPU Adam steps the fp32 partitions on the host, the same update as AdamW."""
     rec = _run(tmp_path / "r.db", *EQUIV, "--strategy", "zero3", "--offload", "optimizer", "--nproc-per-node", "2")

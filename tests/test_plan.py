@@ -330,3 +330,18 @@ def test_report_shows_predicted_against_measured(tmp_path):
     assert done.returncode == 0, done.stderr
     md = (out / "report.md").read_text()
     assert "## Planner: predicted vs measured" in md and "over 13 runs" in md
+
+
+def test_hybrid_sharding_keeps_gathers_inside_a_node():
+    """HSDP (shard_size = GPUs per node): each GPU holds a node's share of the states, twice FSDP's over two nodes,
+    and only gradient shards cross nodes, so a full fine-tune over two nodes is not network-bound as FSDP is."""
+    gpu = match("H200")
+    base = dict(model="llama-3-8b", strategy="fsdp", seq_len=4096, batch_size=2, grad_ckpt=True,
+                optimizer="adamw_fused", nproc_per_node=8, nnodes=2, rdzv_endpoint="node0:29400")
+    fsdp, hsdp = predict(RunConfig(**base), gpu, 16), predict(RunConfig(**base, shard_size=8), gpu, 16)
+    weights = [next(i.bytes for i in p.mem.items if i.name == "weights") for p in (fsdp, hsdp)]
+    assert weights[1] == pytest.approx(2 * weights[0])
+    assert fsdp.time.bound == "network" and hsdp.time.bound == "GPU"
+    assert hsdp.tokens_per_s > 2 * fsdp.tokens_per_s
+    one_node = predict(RunConfig(**(base | dict(nnodes=1, rdzv_endpoint=None))), gpu, 8)
+    assert hsdp.tokens_per_s / 16 <= one_node.tokens_per_s / 8 * 1.0001  # never faster per GPU than one node

@@ -74,6 +74,12 @@ class RunConfig(BaseModel):
         "none", description="zero2/zero3: optimizer: the fp32 master weights and Adam's state live in host memory "
                             "and DeepSpeed's CPU Adam steps them there (GPUs keep the 16-bit weights and gradients)",
         json_schema_extra=LATER)
+    shard_size: int | None = Field(
+        None, gt=0, le=1 << 20, description="fsdp: how many processes share one copy of the model states (None: "
+                                            "all of them). Smaller, the processes form groups of this size that "
+                                            "replicate each other (HSDP): with the processes per node, the weights "
+                                            "are gathered within a node and only gradients cross nodes",
+        json_schema_extra=LATER)
     seed: int = Field(0, json_schema_extra=MEASUREMENT)
     device: Literal["auto", "cuda", "cpu"] = Field("auto", json_schema_extra=MEASUREMENT)
     strategy: Strategy = "single"

@@ -115,9 +115,12 @@ def _rows(p: torch.Tensor) -> tuple[int, int]:
 
     if not isinstance(p, DTensor):
         return 0, p.shape[0] if p.dim() else 0
-    if p.dim() == 0 or list(p.placements) != [Shard(0)]:
+    placements = list(p.placements)  # [Shard(0)], or under HSDP [Replicate(), Shard(0)]
+    if p.dim() == 0 or placements.count(Shard(0)) != 1 or any(not (q.is_shard(0) or q.is_replicate())
+                                                              for q in placements):
         raise ValueError(f"cannot make a shard placed as {p.placements}")
-    world, rank = p.device_mesh.size(), p.device_mesh.get_local_rank()
+    dim = placements.index(Shard(0))
+    world, rank = p.device_mesh.size(dim), p.device_mesh.get_local_rank(dim)
     per = math.ceil(p.shape[0] / world)
     start = min(p.shape[0], rank * per)
     return start, min(p.shape[0], start + per)

@@ -72,7 +72,7 @@ def _weights(w: Workload) -> list[Item]:
                 weights.append(Item("master weights", 4 * n / w.sharded, "fp32, in DeepSpeed's optimizer"))
             return weights
         what = "bf16 weights, no master copy" if w.pure else "fp32 master weights"
-        return [Item("weights", w.param_bytes * n / w.sharded, what + (f", 1/{w.world} shard" if w.sharded > 1
+        return [Item("weights", w.param_bytes * n / w.sharded, what + (f", 1/{w.sharded} shard" if w.sharded > 1
                                                                         else ""))]
     adapters = Item("LoRA adapters", w.param_bytes * w.lora_params / w.sharded,
                     f"{'bf16' if w.pure else 'fp32'}, rank {w.cfg.lora_rank}")

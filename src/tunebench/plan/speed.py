@@ -118,8 +118,14 @@ def _network(w: Workload, hw: Hardware, compute: float) -> float:
     if name == "ddp":  # all-reduce of the gradients, fp32 (bf16-pure: bf16) (ring: 2(W-1)/W of the bytes)
         t = 2 * share * w.param_bytes * n / hw.collective("all_reduce", nodes)
     elif name == "fsdp":  # bf16 all-gathers in forward and backward, fp32 reduce-scatter, per micro-batch
-        t = w.cfg.grad_accum * share * 2 * w.gathered_bytes / hw.collective("all_gather", nodes)
-        t += share * 4 * n / hw.collective("reduce_scatter", nodes)
+        group = w.shard_group  # HSDP: within groups of shard_size GPUs, then the shards all-reduced across them
+        spans = -(-group // (world // nodes))  # nodes one shard group spans
+        inside = (group - 1) / group
+        t = w.cfg.grad_accum * inside * 2 * w.gathered_bytes / hw.collective("all_gather", spans)
+        t += inside * 4 * n / hw.collective("reduce_scatter", spans)
+        if group < world:
+            replicas = world // group
+            t += 2 * (replicas - 1) / replicas * 4 * n / group / hw.collective("all_reduce", nodes)
     elif name == "zero2":  # bf16 reduce-scatter of gradients, all-gather of updated weights
         t = share * 2 * n / hw.collective("reduce_scatter", nodes) + share * 2 * n / hw.collective("all_gather", nodes)
     else:  # zero3: weights gathered for forward and backward, gradients reduce-scattered

@@ -121,7 +121,12 @@ class Workload:
     @property
     def sharded(self) -> int:
         """How many GPUs share the model states (1 for replicated strategies)."""
-        return self.world if self.strategy.name in ("fsdp", "zero2", "zero3") else 1
+        return self.shard_group if self.strategy.name in ("fsdp", "zero2", "zero3") else 1
+
+    @property
+    def shard_group(self) -> int:
+        """GPUs that shard one copy of the model states between them: all of them, or shard_size under HSDP."""
+        return self.cfg.shard_size or self.world
 
     def gathered(self, params: float, linears: float) -> float:
         """Bytes of `params` weights (of which `linears` are block linears) as a sharding strategy gathers them for
@@ -138,7 +143,7 @@ class Workload:
     @property
     def weights_sharded(self) -> int:
         """How many GPUs share the weights themselves (ZeRO-2 shards only gradients and optimizer state)."""
-        return self.world if self.strategy.name in ("fsdp", "zero3") else 1
+        return self.shard_group if self.strategy.name in ("fsdp", "zero3") else 1
 
     @property
     def fused_head(self) -> bool:

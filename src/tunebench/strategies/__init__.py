@@ -83,6 +83,13 @@ class Strategy:
             deepspeed = " or ".join(n for n, st in STRATEGIES.items() if st.deepspeed)
             raise UserError(f"invalid offload={cfg.offload} with strategy={self.name}: the optimizer runs on the host "
                             f"under DeepSpeed ({deepspeed})")
+        if cfg.shard_size is not None:
+            if self.name != "fsdp":
+                raise UserError(f"invalid shard_size={cfg.shard_size} with strategy={self.name}: groups of shards "
+                                "replicating each other (HSDP) are built on FSDP2 (strategy=fsdp)")
+            if world_size % cfg.shard_size:
+                raise UserError(f"invalid shard_size={cfg.shard_size} with {world_size} processes: it must divide "
+                                "them (groups of shard_size processes, each a replica of the model states)")
         if self.deepspeed and packages:
             require("deepspeed", f"strategy={self.name}", "pip install --no-build-isolation deepspeed")
 

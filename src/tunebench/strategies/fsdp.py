@@ -1,4 +1,5 @@
-"""FSDP2: ``fully_shard`` on each transformer block, then on the root; bf16 compute, fp32 reduction."""
+"""FSDP2: ``fully_shard`` on each transformer block, then on the root; bf16 compute, fp32 reduction; with
+``shard_size`` below the world size, HSDP (groups of ranks each sharding a replica)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,18 @@ from tunebench.strategies.state import Sharded
 COMPUTE = {"bf16": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16": torch.float16}
 
 
+def _mesh(device: torch.device, world_size: int, shard_size: int | None):
+    """All ranks sharding one copy (FSDP), or HSDP: groups of `shard_size` consecutive ranks (torchrun numbers a
+    node's processes together) each shard a copy, and the groups all-reduce their gradient shards."""
+    if not shard_size or shard_size == world_size:
+        return init_device_mesh(device.type, (world_size,))
+    return init_device_mesh(device.type, (world_size // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
+
+
 def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device,
           world_size: int, materialize: Callable[[], None] | None = None) -> TrainStep:
     """Shard each block, then the root; `materialize` then makes this rank's shards of a model built on meta."""
-    mesh = init_device_mesh(device.type, (world_size,))
+    mesh = _mesh(device, world_size, cfg.shard_size)
     mp = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=torch.float32)
     # Blocks take their inputs as they come (bf16 from the bf16 root): under Hugging Face's checkpointing
     # FSDP's hook runs inside the checkpointed call, and before torch 2.13 it skipped the input cast when
