@@ -88,3 +88,14 @@ def test_keeping_matmuls_needs_checkpointing():
 def test_cli_flag(tb):
     code, _, err = tb("run", "--model", "tiny-llama", "--device", "cpu", "--ckpt-keep", "matmuls", "--no-store")
     assert code == 2 and "needs grad_ckpt" in err and "Traceback" not in err
+
+
+def test_evaluation_runs_without_the_checkpoint():
+    """Under no_grad (a train job's evaluation) the block runs plainly, with the same outputs."""
+    ids = torch.randint(0, 1024, (2, 32))
+    losses = []
+    for fields in ({}, {"grad_ckpt": True, "ckpt_keep": "matmuls"}):
+        t = build_trainable(preflight(RunConfig(**BASE | {"method": "lora"} | fields)), Outcome(), SINGLE)
+        with torch.no_grad():
+            losses.append(t.module(ids, ids.roll(-1, 1)).item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)

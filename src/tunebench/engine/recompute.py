@@ -1,12 +1,13 @@
 """Activation checkpointing: which blocks recompute in backward, and what a checkpointed block keeps.
 
-Hugging Face's checkpointing (what `grad_ckpt` turns on) keeps only a block's input and runs its whole
-forward again in backward: every matmul twice. `ckpt_keep: matmuls` is op-level selective checkpointing
-(torchtitan's "op" mode): the block also keeps the outputs of its large matmuls and of attention, so backward
-reruns only the elementwise ops between them (norms, RoPE, SiLU, residual adds) — most of the memory saved
-for a few percent of the time. The checkpoint is put inside the block's own forward, so that a compiled block
-traces it (torch.compile turns the policy into its recompute choices) and the block's hooks (FSDP2's gathers)
-stay outside it.
+Hugging Face's checkpointing (what `grad_ckpt` turns on) keeps only a block's input and runs its whole forward
+again in backward: every matmul twice. `ckpt_keep: matmuls` is op-level selective checkpointing (torchtitan's
+"op" mode): the block also keeps the outputs of its large matmuls and of attention, so backward reruns only
+the elementwise ops between them (norms, RoPE, SiLU, residual adds): part of the memory for almost none of the
+time (Mistral-7B LoRA, one H200: 6.4 of the 16.8 GiB that full recompute saves, at 2% below no checkpointing's
+speed where full recompute runs 30% below). The checkpoint is put inside the block's own forward, so that a
+compiled block traces it (torch.compile turns the policy into its recompute choices) and the block's hooks
+(FSDP2's gathers) stay outside it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def _checkpointed(forward: Callable, context: Callable) -> Callable:
     # files, so a compiled block would run the checkpoint eagerly, its policy a Python hook on every op (measured
     # 1.6x slower than whole-block recompute on Mistral-7B LoRA); traced from here, it becomes one graph.
     def run(*args, **kwargs):
+        if not torch.is_grad_enabled():  # evaluation: nothing to keep (as Hugging Face's checks self.training)
+            return forward(*args, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
 
     return run
@@ -74,7 +77,6 @@ def keep_matmuls(blocks: nn.ModuleList) -> None:
         if getattr(block, "gradient_checkpointing", False):
             block.gradient_checkpointing = False  # Hugging Face's whole-block checkpoint off; ours goes inside
             block.forward = _checkpointed(block.forward, context)
-            block.keeps_matmuls = True
 
 
 def recomputed_share(blocks: nn.ModuleList) -> float:
