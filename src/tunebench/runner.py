@@ -166,9 +166,10 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
                                          float_storage=strategy.deepspeed)
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        checkpoint_every(transformer_blocks(model, spec.num_layers), cfg.ckpt_every)
+        ckpt_blocks = transformer_blocks(model, spec.num_layers)
+        checkpoint_every(ckpt_blocks, cfg.ckpt_every)
         if cfg.ckpt_keep == "matmuls":
-            keep_matmuls(transformer_blocks(model, spec.num_layers))
+            keep_matmuls(ckpt_blocks)
     model = apply_method(model, cfg)
     if cfg.grad_ckpt and cfg.method != "full":
         no_input_grads(unwrap(model).get_input_embeddings())

@@ -108,7 +108,8 @@ _FP32_EPILOGUE = hasattr(torch.ops.aten.addmm, "dtype_out")
 
 
 def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b, acc fp32 and a, b 16-bit."""
+    """acc += a @ b, acc fp32 and a, b 16-bit. Not while torch.compile traces (a whole-model graph holds the
+    loss): the plain form is what was measured compiled, the out= form only eagerly."""
     if acc.device.type == "cuda" and _FP32_EPILOGUE and a.dtype != acc.dtype and not torch.compiler.is_compiling():
         torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
     else:

@@ -74,7 +74,7 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     passes = 2 + share  # passes over the weights: forward, backward, recompute (4-bit weights dequantized again)
     blocks = c.block_linears * (6 if w.full else 4) + 2 * c.block_linears * again
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
-    kept = w.cfg.grad_ckpt and w.cfg.ckpt_keep == "matmuls"  # attention and the adapters' first factor kept
+    kept = w.cfg.ckpt_keep == "matmuls"  # attention and the adapters' first factor kept
     adapters = w.lora_params * (6 + (share if kept else 2 * share))  # kept: only the up-projections rerun
     ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens)
     # float8: the blocks' GEMMs (not the head's) at float8's effective speedup, its casts included

@@ -67,7 +67,7 @@ class Workload:
         """Checkpointed blocks keep their large matmuls' outputs. Not QLoRA's: its base matmuls run inside
         bitsandbytes' autograd function, which compile's recompute cannot split, so they rerun (measured:
         Mistral-7B QLoRA kept only attention's and the adapters' outputs, 7.50 GiB against 6.21 recomputing all)."""
-        return self.cfg.grad_ckpt and self.cfg.ckpt_keep == "matmuls" and self.cfg.method != "qlora"
+        return self.cfg.ckpt_keep == "matmuls" and self.cfg.method != "qlora"
 
     @property
     def lora_params(self) -> int:

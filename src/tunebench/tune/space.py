@@ -142,6 +142,6 @@ def batches(space: Space) -> list[int]:
 def describe(cfg: RunConfig) -> str:
     """A candidate's name: its levers in a few words."""
     ckpt = "no ckpt" if not cfg.grad_ckpt else ("ckpt" if cfg.ckpt_every == 1 else f"ckpt 1/{cfg.ckpt_every}")
-    ckpt += "+mm" if cfg.grad_ckpt and cfg.ckpt_keep == "matmuls" else ""
+    ckpt += "+mm" if cfg.ckpt_keep == "matmuls" else ""
     return (f"{cfg.strategy} x{world_of(cfg)} b{cfg.batch_size}x{cfg.grad_accum} s{cfg.seq_len} {ckpt}"
             f"{COMPILE_WORD[cfg.compile]} {cfg.optimizer}" + ("" if cfg.float8 == "off" else f" float8:{cfg.float8}"))
