@@ -39,6 +39,9 @@
 #   bash benchmarks/gpu_proof.sh fsdpvs    # issue 15: Llama-3-8B FSDP2 vs the plain script, with and without ckpt
 #   bash benchmarks/gpu_proof.sh hsdp      # issue 15: Llama-3-8B full, HSDP (2 groups of 2 GPUs) on 4 GPUs
 #   bash benchmarks/gpu_proof.sh ddppure   # issue 15: TinyGPT DDP scaling 1 -> 4, bf16 autocast and bf16-pure
+#   bash benchmarks/gpu_proof.sh packed7b  # issue 14: QLoRA with the packed 8-bit step vs HF; GPT-2 vs plain compile
+#   bash benchmarks/gpu_proof.sh nf4fused  # issue 14: QLoRA with the 4-bit dequantization fused in compiled blocks
+#   bash benchmarks/gpu_proof.sh nf4runs   # issue 14: the same, tunebench alone (memory free and checkpointed)
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
 #                                          #   three ways (ckpt_keep matmuls), the checkpointed one profiled
 set -uo pipefail
@@ -327,7 +330,45 @@ offload)
     --grad-ckpt --offload optimizer --steps 6 --warmup 2 --run-timeout 300 --tag gpu-proof-offload 2>&1 | show
   ;;
 gputests)
-  CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider tests/test_loss.py 2>&1 | tail -4
+  CUDA_VISIBLE_DEVICES=${GPU:-0} python3 -m pytest -q -p no:cacheprovider tests/test_loss.py tests/test_optim.py \
+    tests/test_nf4.py 2>&1 | tail -4
+  ;;
+nf4fused)
+  # 4-bit dequantization fused in the compiled blocks: Mistral-7B QLoRA vs HF with checkpointing two ways (GPU 0),
+  # memory free timed (GPU 1) and profiled with its trace (GPU 2), the GPU-only tests (GPU 3)
+  Q="--model mistral-7b --method qlora --seq-len 512 --batch-size 8"
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py $Q --steps 24 --warmup 8 --ours ckpt,ckpt+mm \
+    --profile ckpt+mm --out "$OUT/nf4_qlora.json" > "$OUT/nf4_qlora.txt" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 python3 -m tunebench.cli run $Q --no-grad-ckpt --optimizer paged_adamw_8bit --steps 24 \
+    --warmup 8 --tag gpu-proof-nf4 > "$OUT/nf4_free.txt" 2>&1 &
+  CUDA_VISIBLE_DEVICES=2 PROFILE_TRACE="$OUT/trace_nf4_free.json" python3 benchmarks/profile_trace.py $Q \
+    --no-grad-ckpt --optimizer paged_adamw_8bit > "$OUT/nf4_free_profile.txt" 2>&1 &
+  GPU=3 bash "$0" gputests > "$OUT/gputests.txt" 2>&1 &
+  wait
+  python3 benchmarks/profile_trace.py --gaps "$OUT/trace_nf4_free.json" | head -12; rm -f "$OUT/trace_nf4_free.json"
+  tail -n 16 "$OUT/nf4_qlora.txt"; grep -E "status|tokens/s  |peak memory|rror" "$OUT/nf4_free.txt"
+  tail -c 600 "$OUT/nf4_free_profile.txt"; echo; cat "$OUT/gputests.txt"
+  ;;
+nf4runs)
+  # the fused 4-bit path alone (no HF side): memory free (GPU 0), checkpointed (GPU 1), the GPU-only tests (GPU 2)
+  Q="--model mistral-7b --method qlora --seq-len 512 --batch-size 8 --optimizer paged_adamw_8bit --steps 24 --warmup 8"
+  CUDA_VISIBLE_DEVICES=0 python3 -m tunebench.cli run $Q --no-grad-ckpt --tag gpu-proof-nf4 > "$OUT/nf4_free.txt" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 python3 -m tunebench.cli run $Q --grad-ckpt --tag gpu-proof-nf4 > "$OUT/nf4_ckpt.txt" 2>&1 &
+  GPU=2 bash "$0" gputests > "$OUT/gputests.txt" 2>&1 &
+  wait
+  for f in nf4_free nf4_ckpt; do grep -E "status|tokens/s  |peak memory|rror" "$OUT/$f.txt"; done; cat "$OUT/gputests.txt"
+  ;;
+packed7b)
+  # the packed 8-bit step: Mistral-7B QLoRA vs HF (GPU 0, checkpointing three ways, one profiled); GPT-2 against
+  # plain torch.compile with the loss's grouped head gradient (GPU 1); the GPU-only tests (GPU 2)
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py --method qlora --model mistral-7b --seq-len 512 \
+    --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt,ckpt+mm,none} --profile ${PROFILE:-ckpt+mm} \
+    --out "$OUT/packed7b_qlora.json" > "$OUT/packed7b_qlora.txt" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 python3 benchmarks/vs_plain_gpt.py --sides plain-compile,ours-model,ours-model-pure \
+    --out "$OUT/vs_plain_gpt_grouped.json" > "$OUT/vs_plain_gpt_grouped.txt" 2>&1 &
+  GPU=2 bash "$0" gputests > "$OUT/gputests.txt" 2>&1 &
+  wait
+  tail -n 22 "$OUT/packed7b_qlora.txt"; tail -n 8 "$OUT/vs_plain_gpt_grouped.txt"; cat "$OUT/gputests.txt"
   ;;
 fsdpvs)
   python3 benchmarks/vs_plain_fsdp.py --gpus ${NPROC:-4} --sides plain-ckpt,ours-ckpt,plain,ours --batch-size 2 \
@@ -379,5 +420,7 @@ llama8b)
     --grad-ckpt --steps 12 --warmup 4 --optimizer adamw_fused --tag gpu-proof-llama8b 2>&1 | grep -v "step [0-9]*/"
   ;;
 esac
-tb results export --format jsonl -o "$OUT/results.jsonl"
-tb results list
+if [ -f "$TUNEBENCH_STORE" ]; then  # cases that only run the side-by-side scripts store nothing
+  tb results export --format jsonl -o "$OUT/results.jsonl"
+  tb results list
+fi

@@ -201,7 +201,8 @@ def _annotation(name: str) -> bool:
 
 
 def profile(step: Callable[[], object], steps: int = 5) -> dict:
-    """GPU time per step by kind of kernel, and the share of the step's wall time the GPU was idle."""
+    """GPU time per step by kind of kernel, and the share of the step's wall time the GPU was idle (with
+    PROFILE_TRACE=FILE in the environment, the whole trace is written there too)."""
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -214,6 +215,8 @@ def profile(step: Callable[[], object], steps: int = 5) -> dict:
             step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+    if os.environ.get("PROFILE_TRACE"):  # a file for chrome://tracing or Perfetto: where the GPU waits, and on what
+        prof.export_chrome_trace(os.environ["PROFILE_TRACE"])
     by: dict[str, float] = {}
     top: dict[str, float] = {}
     for e in prof.key_averages():

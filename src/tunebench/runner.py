@@ -27,7 +27,7 @@ from tunebench.engine.data import SyntheticTokens
 from tunebench.engine.loop import LoopResult, LoopSpec, run_loop
 from tunebench.engine.loss import is_fusable
 from tunebench.engine.model import CausalLMWithLoss, count_params, transformer_blocks, unwrap
-from tunebench.engine.recompute import checkpoint_every, keep_matmuls, no_input_grads, recomputed_share
+from tunebench.engine.recompute import checkpoint_every, keep_matmuls, keeps_matmuls, no_input_grads, recomputed_share
 from tunebench.engine.step import TrainStep, optimizer_step_fn
 from tunebench.environment import environment
 from tunebench.errors import UserError, invalid, require
@@ -41,6 +41,7 @@ from tunebench.models import build_model, load_meta_model, resolve_model
 from tunebench.models.build import build_meta, build_partitioned
 from tunebench.models.count import counts, training_floor_bytes
 from tunebench.models.float8 import refusal as float8_refusal
+from tunebench.models.nf4 import fuse_dequantization
 from tunebench.models.shards import init_adapters
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import JobFigures, RankFigures, ResultRecord
@@ -179,6 +180,10 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     head = unwrap(model).get_output_embeddings()
     blocks = transformer_blocks(model, spec.num_layers)
     scope = out.compile_scope = strategy.compile_scope(cfg)
+    if scope and cfg.method == "qlora":  # so that the block's policy keeps the 4-bit matmuls too (models.nf4)
+        for block in blocks:
+            if keeps_matmuls(block):
+                fuse_dequantization(block)
     if scope == "blocks":
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times
             block.compile()

@@ -77,6 +77,11 @@ def keep_matmuls(blocks: nn.ModuleList) -> None:
         if getattr(block, "gradient_checkpointing", False):
             block.gradient_checkpointing = False  # Hugging Face's whole-block checkpoint off; ours goes inside
             block.forward = _checkpointed(block.forward, context)
+            block.keeps_matmuls = True
+
+
+def keeps_matmuls(block: nn.Module) -> bool:
+    return getattr(block, "keeps_matmuls", False)
 
 
 def recomputed_share(blocks: nn.ModuleList) -> float:

@@ -138,7 +138,8 @@ def _loss(w: Workload) -> tuple[float, float, float]:
     c, h, tokens = w.counts, w.spec.hidden_size, w.tokens
     vocab = w.spec.vocab_size
     chunk = max(128, LOGITS_PER_CHUNK // vocab)
-    # two fp32 chunks and two bf16 ones live at once: the previous chunk's until the next replaces it
+    # two fp32 chunks and two bf16 ones live at once: the previous chunk's until the next replaces it; for a trained
+    # head, the bf16 gradient of a group of 3 chunks and one chunk's logits, as much (engine.loss.GRAD_GROUP)
     transient = 12 * min(chunk, tokens) * vocab
     cast_weight = w.full and w.residual_bytes == 4  # fp32 head weights cast to bf16 for the chunks
     transient += (2 * c.head if cast_weight else 0) + (2 * tokens * h if w.residual_bytes == 4 else 0)

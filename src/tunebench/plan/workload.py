@@ -64,10 +64,13 @@ class Workload:
 
     @property
     def keeps_matmuls(self) -> bool:
-        """Checkpointed blocks keep their large matmuls' outputs. Not QLoRA's: its base matmuls run inside
-        bitsandbytes' autograd function, which compile's recompute cannot split, so they rerun (measured:
-        Mistral-7B QLoRA kept only attention's and the adapters' outputs, 7.50 GiB against 6.21 recomputing all)."""
-        return self.cfg.ckpt_keep == "matmuls" and self.cfg.method != "qlora"
+        """Checkpointed blocks keep their large matmuls' outputs. QLoRA's only where its 4-bit linears are plain
+        ops in the compiled block (models.nf4: compiled, uint8 weights, i.e. not FSDP2 or DeepSpeed); elsewhere they
+        run inside bitsandbytes' autograd function, which compile's recompute cannot split, so they rerun
+        (measured: Mistral-7B QLoRA then kept only attention's and the adapters' outputs, 7.50 GiB against 6.21)."""
+        if self.cfg.ckpt_keep != "matmuls":
+            return False
+        return self.cfg.method != "qlora" or (self.cfg.compile is True and self.strategy.name in ("single", "ddp"))
 
     @property
     def lora_params(self) -> int:

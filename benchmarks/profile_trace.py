@@ -1,0 +1,81 @@
+"""One tunebench configuration's step profiled, its trace written for reading where the GPU waits.
+
+    PROFILE_TRACE=trace.json python benchmarks/profile_trace.py --model mistral-7b --method qlora --seq-len 512 \\
+        --batch-size 8 --no-grad-ckpt --optimizer paged_adamw_8bit
+    python benchmarks/profile_trace.py --gaps trace.json   # the GPU's idle time, by the host op it waited on
+
+Any `tunebench run` option is taken (RunConfig's fields). The step is built from the runner's pieces as `run` builds
+it (vs_plain_gpt._our_step); 3 steps run first, then 5 are profiled.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GAP_US = 20  # shorter gaps between kernels are launch latency, not waiting on the host
+
+
+def gaps(path: str, top: int = 25) -> None:
+    """Where the GPU sat idle: each gap between kernels longer than GAP_US, charged to the host ops running on
+    the thread that launched the next kernel, at its launch (forward on the main thread, backward on autograd's)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                     key=lambda e: e["ts"])
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    ops: dict[object, list[dict]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "cpu_op" and e.get("ph") == "X":
+            ops[e["tid"]].append(e)
+    charged: dict[str, float] = defaultdict(float)
+    total = 0.0
+    end = kernels[0]["ts"] + kernels[0]["dur"]
+    for k in kernels[1:]:
+        gap = k["ts"] - end
+        if gap > GAP_US:
+            launch = launches.get(k["args"].get("correlation"))
+            inner = [] if launch is None else sorted(
+                (o for o in ops[launch["tid"]] if o["ts"] <= launch["ts"] <= o["ts"] + o["dur"]),
+                key=lambda o: o["ts"])
+            names = " > ".join(o["name"][:40] for o in inner[-3:]) or "(no host op)"
+            charged[names] += gap
+            total += gap
+        end = max(end, k["ts"] + k["dur"])
+    span = end - kernels[0]["ts"]
+    print(f"GPU idle in gaps over {GAP_US} us: {total / 1e3:.1f} ms of {span / 1e3:.1f} ms traced")
+    for name, us in sorted(charged.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{us / 1e3:9.2f} ms  {name}")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--gaps"]:
+        return gaps(sys.argv[2])
+    from tunebench.config import RunConfig
+    from vs_plain_gpt import _our_step, profile
+
+    args = sys.argv[1:]
+    fields: dict[str, object] = {"device": "cuda"}
+    i = 0
+    while i < len(args):  # --name value, --flag, --no-flag
+        name = args[i].removeprefix("--").replace("-", "_")
+        if name.startswith("no_"):
+            fields[name[3:]], i = False, i + 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            fields[name], i = args[i + 1], i + 2
+        else:
+            fields[name], i = True, i + 1
+    p = profile(_our_step(RunConfig(**fields)))
+    print(json.dumps(p))
+
+
+if __name__ == "__main__":
+    main()

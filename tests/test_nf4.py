@@ -1,0 +1,108 @@
+"""4-bit linears dequantized in torch ops (models.nf4): bitsandbytes' values, its gradients, one traced graph."""
+
+import types
+
+import pytest
+import torch
+
+from tunebench.models import nf4
+
+bnb = pytest.importorskip("bitsandbytes")
+BF = pytest.importorskip("bitsandbytes.functional")
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: "
+                                                                "run on one, see benchmarks/RESULTS.md"))]
+
+
+def _quantized(shape, quant_type="nf4", nested=True, device="cpu", seed=0):
+    w = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
+    packed, qs = BF.quantize_4bit(w, blocksize=64, quant_type=quant_type, compress_statistics=nested)
+    return w, packed, qs
+
+
+def _ours(packed, qs, dtype=torch.float32):
+    nested = (qs.state2.code, qs.state2.absmax, qs.offset) if qs.nested else (None, None, None)
+    return nf4.dequantize(packed, qs.absmax, qs.code, qs.blocksize, tuple(qs.shape), dtype, *nested)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("nested", [False, True])
+def test_dequantize_equals_bitsandbytes(device, quant_type, nested):
+    for shape in ((176, 64), (384, 1024)):  # rows of whole 64-element blocks; nested absmax partial and whole
+        _, packed, qs = _quantized(shape, quant_type, nested, device)
+        for dtype in (torch.float32, torch.bfloat16):
+            assert torch.equal(_ours(packed, qs, dtype), BF.dequantize_4bit(packed, qs).to(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_blocks_across_rows_dequantize_as_quantized(device):
+    """Rows of 176 elements: blocks of 64 straddle rows. The flat layout is what quantize_4bit wrote (ours
+    quantizes back to the same bytes); bitsandbytes 0.50's CPU kernel reads it per row (wrongly, there), its
+    CUDA kernel agrees with ours."""
+    w, packed, qs = _quantized((64, 176), nested=False, device=device)
+    ours = _ours(packed, qs)
+    again, qs2 = BF.quantize_4bit(ours, blocksize=64, quant_type="nf4", compress_statistics=False)
+    assert torch.equal(again, packed) and torch.equal(qs2.absmax, qs.absmax)
+    assert (ours - w).abs().max() <= qs.absmax.max()  # within one block's scale of the original
+    if device == "cuda":
+        assert torch.equal(ours, BF.dequantize_4bit(packed, qs))
+
+
+def _layer(device="cpu", bias=False):
+    lin = bnb.nn.Linear4bit(256, 192, bias=bias, compute_dtype=torch.float32, quant_type="nf4")
+    lin.weight = bnb.nn.Params4bit(torch.randn(192, 256) / 16, requires_grad=False, quant_type="nf4",
+                                   compress_statistics=True)
+    if bias:
+        lin.bias = torch.nn.Parameter(torch.randn(192))
+    return lin.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_layer_matches_bitsandbytes_and_keeps_no_weight_for_backward(device):
+    lin = _layer(device, bias=True)
+    x = torch.randn(3, 5, 256, device=device, requires_grad=True)
+    ref = lin(x)
+    ref_grads = torch.autograd.grad(ref.square().sum(), [x, lin.bias])
+    assert nf4.fuse_dequantization(lin) == 1 and nf4.fusable(lin)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = lin(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for g, r in zip(torch.autograd.grad(out.square().sum(), [x, lin.bias]), ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+    # what backward keeps: the packed weight and its scales, never a dequantized (192 x 256) copy
+    assert not [t for t in saved if t.is_floating_point() and t.numel() >= 192 * 256]
+
+
+def test_blocks_keeping_matmuls_are_fused_and_trace_as_one_graph():
+    """Compiled QLoRA blocks that keep their matmuls get the torch-ops dequantization (so that the policy sees the
+    base matmuls); dynamo captures such a block whole. Blocks checkpointed whole keep bitsandbytes' layers."""
+    from torch._dynamo.utils import counters
+
+    from tunebench.config import RunConfig
+    from tunebench.dist import SINGLE
+    from tunebench.engine.model import transformer_blocks
+    from tunebench.runner import Outcome, build_trainable, preflight
+
+    def fused(keep: str) -> tuple[list[bool], object, object]:
+        cfg = RunConfig(model="tiny-llama", method="qlora", seq_len=32, batch_size=1, device="cpu", compile=True,
+                        grad_ckpt=True, ckpt_every=2, ckpt_keep=keep)
+        plan = preflight(cfg)
+        trained = build_trainable(plan, Outcome(), SINGLE)
+        blocks = transformer_blocks(trained.model, plan.spec.num_layers)
+        return [all(isinstance(m.forward, types.MethodType) and m.forward.__func__ is nf4._forward
+                    for m in b.modules() if isinstance(m, bnb.nn.Linear4bit)) for b in blocks], trained, plan
+
+    assert fused("input")[0] == [False, False]
+    flags, trained, plan = fused("matmuls")
+    assert flags == [True, False]  # every second block checkpointed (ckpt_every 2), and only it fused
+    block = transformer_blocks(trained.model, plan.spec.num_layers)[0]
+    h = torch.randn(1, 32, plan.spec.hidden_size, requires_grad=True)
+    pos = torch.arange(32)[None]
+    rotary = trained.model.base_model.model.model.rotary_emb(h, pos)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(block.forward, backend="eager")  # tracing only: no kernels generated on the CPU
+    compiled(h, position_embeddings=rotary, position_ids=pos)
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
