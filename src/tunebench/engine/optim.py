@@ -49,6 +49,7 @@ def packed(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
             # each pack: a tensor the optimizer keys its state by, empty between steps (no memory kept), and
             # the model's tensors it stands for
             self.packs = [(torch.empty(0, device=d, dtype=t), ps) for (d, t), ps in groups.items() if len(ps) > 1]
+            self.sizes = [[p.numel() for p in ps] for _, ps in self.packs]
             inside = {id(p) for _, ps in self.packs for p in ps}
             super().__init__([flat for flat, _ in self.packs] + [p for p in params if id(p) not in inside], **kw)
 
@@ -60,8 +61,8 @@ def packed(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
                 flat.grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                                        for p in ps])
             loss = super().step(closure)
-            for flat, ps in self.packs:
-                torch._foreach_copy_(ps, [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in ps]), ps)])
+            for (flat, ps), sizes in zip(self.packs, self.sizes):
+                torch._foreach_copy_(ps, [v.view_as(p) for v, p in zip(flat.split(sizes), ps)])
                 flat.data, flat.grad = flat.data.new_empty(0), None
             return loss
 

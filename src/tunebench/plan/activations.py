@@ -117,7 +117,7 @@ def activations(w: Workload) -> Activations:
     h = w.spec.hidden_size
     share = w.checkpointed_share  # checkpointed blocks keep their input (and with ckpt_keep=matmuls, those)
     matmuls = 0.0
-    if w.cfg.ckpt_keep == "matmuls":  # QLoRA: attention's and the adapters' outputs only
+    if w.cfg.ckpt_keep == "matmuls":  # unfused QLoRA (Workload.keeps_matmuls): attention's and adapters' outputs
         matmuls = (_matmul_outputs(w) if w.keeps_matmuls else _attention_output(w)) + _adapters(w)
     kept = share * (w.residual_bytes * h + matmuls) + (1 - share) * block
     final_norm = (10 if w.residual_bytes == 4 else 8) * h
