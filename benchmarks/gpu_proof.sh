@@ -42,6 +42,12 @@
 #   bash benchmarks/gpu_proof.sh packed7b  # issue 14: QLoRA with the packed 8-bit step vs HF; GPT-2 vs plain compile
 #   bash benchmarks/gpu_proof.sh nf4fused  # issue 14: QLoRA with the 4-bit dequantization fused in compiled blocks
 #   bash benchmarks/gpu_proof.sh nf4runs   # issue 14: the same, tunebench alone (memory free and checkpointed)
+#   bash benchmarks/gpu_proof.sh kernels1  # issue 14: eager vs compiled vs Liger kernels; GPU tests; QLoRA fused
+#                                          #   without checkpointing; Unsloth's side alone (.whl/unsloth-site.tgz)
+#   bash benchmarks/gpu_proof.sh unsloth7b # issue 14: Mistral-7B QLoRA (METHOD=lora: bf16) vs HF and Unsloth
+#   bash benchmarks/gpu_proof.sh loss1     # issue 14: the GPU tests; the loss's kernels against HF's and Liger's
+#   bash benchmarks/gpu_proof.sh loss2     # issue 14: the compiled softmax's memory where the loss is the peak; Unsloth's
+#                                          #   QLoRA side alone (its training peak apart from its load)
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
 #                                          #   three ways (ckpt_keep matmuls), the checkpointed one profiled
 set -uo pipefail
@@ -328,6 +334,43 @@ offload)
     --grad-ckpt --offload optimizer --gpu h200 2>&1 | head -12
   tb run --model llama-3-8b --method full --strategy zero3 --nproc-per-node 1 --seq-len 4096 --batch-size 2 \
     --grad-ckpt --offload optimizer --steps 6 --warmup 2 --run-timeout 300 --tag gpu-proof-offload 2>&1 | show
+  ;;
+kernels1)
+  bash "$0" gputests
+  python3 benchmarks/kernels_vs.py --out "$OUT/kernels_vs.json" 2>&1 | grep -E "fwd\+bwd|device|rror"
+  Q="--model mistral-7b --method qlora --seq-len 512 --batch-size 8 --optimizer paged_adamw_8bit --steps 24 --warmup 8"
+  tb run $Q --no-grad-ckpt --tag gpu-proof-nf4free 2>&1 | grep -E "status|tokens/s  |peak memory|rror"
+  bash "$0" unslothsite
+  PYTHONPATH=/tmp/usite:$PYTHONPATH python3 benchmarks/vs_hf_trainer.py --side unsloth --variant ckpt --profile "" --model mistral-7b --seq-len 512 \
+    --batch-size 8 --steps 24 --warmup 8 --method qlora --grad-ckpt > "$OUT/unsloth1.txt" 2>&1
+  grep RESULT "$OUT/unsloth1.txt" || tail -c 3000 "$OUT/unsloth1.txt"
+  ;;
+loss1)
+  bash "$0" gputests
+  python3 benchmarks/kernels_vs.py --ops loss --out "$OUT/kernels_vs_loss.json" 2>&1 | grep -E "fwd\+bwd|device|rror"
+  ;;
+loss2)
+  Q="--model mistral-7b --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --no-grad-ckpt --tag gpu-proof-loss2"
+  tb run $Q --method qlora --optimizer paged_adamw_8bit 2>&1 | grep -E "status|tokens/s  |peak memory|rror"
+  tb run $Q --method lora --optimizer adamw_fused 2>&1 | grep -E "status|tokens/s  |peak memory|rror"
+  tb run --model llama-3.2-1b --method full --seq-len 2048 --batch-size 4 --steps 20 --warmup 8 --optimizer adamw_fused \
+    --tag gpu-proof-loss2 2>&1 | grep -E "status|tokens/s  |peak memory|rror"
+  bash "$0" unslothsite
+  PYTHONPATH=/tmp/usite:$PYTHONPATH python3 benchmarks/vs_hf_trainer.py --side unsloth --variant ckpt --profile "" \
+    --model mistral-7b --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --method qlora --grad-ckpt \
+    > "$OUT/unsloth_qlora.txt" 2>&1
+  grep RESULT "$OUT/unsloth_qlora.txt" | cut -c1-300 || tail -c 2000 "$OUT/unsloth_qlora.txt"
+  ;;
+unslothsite)  # Unsloth's packages (unsloth, unsloth_zoo and what the image lacks; its web studio left out)
+  mkdir -p /tmp/usite && tar xzf .whl/unsloth-site.tgz -C /tmp/usite
+  ;;
+unsloth7b)
+  bash "$0" unslothsite
+  PYTHONPATH=/tmp/usite:$PYTHONPATH python3 -c "import unsloth; from unsloth import FastLanguageModel" \
+    > "$OUT/unsloth_import.txt" 2>&1 || { tail -c 3000 "$OUT/unsloth_import.txt"; exit 1; }
+  UNSLOTH_SITE=/tmp/usite python3 benchmarks/vs_hf_trainer.py --method ${METHOD:-qlora} --model mistral-7b \
+    --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt+mm,none} --unsloth \
+    --out "$OUT/unsloth7b_${METHOD:-qlora}.json" 2>&1 | tail -n 12
   ;;
 gputests)
   CUDA_VISIBLE_DEVICES=${GPU:-0} python3 -m pytest -q -p no:cacheprovider tests/test_loss.py tests/test_optim.py \

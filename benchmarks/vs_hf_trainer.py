@@ -4,9 +4,13 @@ Each side runs in its own fresh process (its own CUDA context and peak-memory co
 the other in this one job, on the same GPU, with the same model shapes, NF4 base, LoRA, optimizer,
 batch, sequence length, checkpointing and step counts. Only the timed steps (after `warmup`) count.
 
-    python benchmarks/vs_hf_trainer.py --model mistral-7b --seq-len 512 --batch-size 8 [--liger] [--out F]
+    python benchmarks/vs_hf_trainer.py --model mistral-7b --seq-len 512 --batch-size 8 [--liger] [--unsloth] [--out F]
     python benchmarks/vs_hf_trainer.py --method lora ...   # a bf16 base, fused AdamW on both sides
     python benchmarks/vs_hf_trainer.py --ours ckpt,ckpt+mm,none --profile ckpt   # ours three ways, one profiled
+
+`--unsloth` adds Unsloth (FastLanguageModel's 4-bit load and patched model, its own checkpointing, the same
+Trainer) on a local directory of random weights it writes first (`UNSLOTH_MODELS`, default /tmp/unsloth-models);
+`UNSLOTH_SITE` names a directory of its packages to put first on its process's path.
 
 The HF side is written as a user writes it: the NF4 model (built here as from_pretrained with a
 BitsAndBytesConfig would leave it: NF4 linears, the rest in bf16), peft's
@@ -76,25 +80,9 @@ def side_ours(a: argparse.Namespace) -> dict:
     return out
 
 
-def side_hf(a: argparse.Namespace) -> dict:
+def _data(a: argparse.Namespace, vocab: int):
     import torch
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from tunebench.models import build_model, resolve_model
-
-    cfg = _cfg(a)
-    torch.manual_seed(0)
-    cuda = a.device == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    model, _ = build_model(resolve_model(a.model), cfg, torch.device(a.device))
-    if a.method == "qlora":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=a.grad_ckpt)
-    elif a.grad_ckpt:
-        model.enable_input_require_grads()  # the frozen embeddings' output must carry a gradient into checkpoints
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
-                                             bias="none", task_type="CAUSAL_LM"))
-    vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     n = a.steps * a.batch_size
     data = torch.randint(0, vocab, (n, a.seq_len), generator=gen)
@@ -105,6 +93,17 @@ def side_hf(a: argparse.Namespace) -> dict:
 
         def __getitem__(self, i: int) -> dict:
             return {"input_ids": data[i], "labels": data[i]}
+
+    return Tokens()
+
+
+def _trainer_run(a: argparse.Namespace, model, side: str) -> dict:
+    """HF Trainer on `model` as a user runs it, timed over the steps after `warmup`."""
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    cuda = a.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     class Clock(TrainerCallback):
         t0 = t1 = None
@@ -123,16 +122,84 @@ def side_hf(a: argparse.Namespace) -> dict:
         output_dir="/tmp/hf-trainer-bench", per_device_train_batch_size=a.batch_size, gradient_accumulation_steps=1,
         max_steps=a.steps, learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0, bf16=True,
         optim="paged_adamw_8bit" if a.method == "qlora" else "adamw_torch_fused",
-        gradient_checkpointing=a.grad_ckpt, logging_steps=10, save_strategy="no",
+        gradient_checkpointing=a.grad_ckpt and side != "unsloth", logging_steps=10, save_strategy="no",
         report_to=[], max_grad_norm=1.0, dataloader_pin_memory=cuda, use_liger_kernel=a.liger, seed=0, use_cpu=not cuda)
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[Clock()])
+    trainer = Trainer(model=model, args=args, train_dataset=_data(a, model.config.vocab_size), callbacks=[Clock()])
+    whole_run = torch.cuda.max_memory_allocated() if cuda else None  # the model's load (Unsloth's: bf16, then 4-bit)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     out = trainer.train()
     timed = (a.steps - a.warmup) * a.batch_size * a.seq_len
-    return {"side": "hf_trainer" + ("+liger" if a.liger else ""), "status": "ok",
-            "tokens_per_s": timed / (Clock.t1 - Clock.t0),
-            "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
+    return {"side": side, "status": "ok", "tokens_per_s": timed / (Clock.t1 - Clock.t0),
+            "peak_alloc_gib": max(whole_run, torch.cuda.max_memory_allocated()) / GIB if cuda else None,
+            "train_peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None,
             "train_loss": out.training_loss}
+
+
+def side_hf(a: argparse.Namespace) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    from tunebench.models import build_model, resolve_model
+
+    cfg = _cfg(a)
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model(a.model), cfg, torch.device(a.device))
+    if a.method == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=a.grad_ckpt)
+    elif a.grad_ckpt:
+        model.enable_input_require_grads()  # the frozen embeddings' output must carry a gradient into checkpoints
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
+                                             bias="none", task_type="CAUSAL_LM"))
+    return _trainer_run(a, model, "hf_trainer" + ("+liger" if a.liger else ""))
+
+
+def _random_checkpoint(name: str, root: Path) -> Path:
+    """A local model directory as from_pretrained reads it: the preset's config, random bf16 weights (made on the
+    GPU), and a small tokenizer (the token ids fed are random: only its special tokens matter)."""
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from tunebench.models import resolve_model
+
+    path = root / name
+    if (path / "config.json").exists():
+        return path
+    aside = root / f".{name}.partial"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(resolve_model(name).hf_config, dtype=torch.bfloat16)
+    model.save_pretrained(aside)
+    del model
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    vocab = {t: i for i, t in enumerate(specials + [f"t{i}" for i in range(252)])}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+                                  unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.save_pretrained(aside)
+    aside.rename(path)
+    return path
+
+
+def side_unsloth(a: argparse.Namespace) -> dict:
+    """Unsloth as its documentation has users write it: FastLanguageModel (its 4-bit load, Triton kernels and
+    patched model code), get_peft_model with its own checkpointing ("unsloth": offloaded to host), HF Trainer."""
+    os.environ.setdefault("UNSLOTH_DISABLE_STATISTICS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import unsloth  # noqa: F401  (first: it patches transformers and peft as they import)
+    import torch
+    from unsloth import FastLanguageModel
+
+    path = _random_checkpoint(a.model, Path(os.environ.get("UNSLOTH_MODELS", "/tmp/unsloth-models")))
+    model, _ = FastLanguageModel.from_pretrained(str(path), max_seq_length=a.seq_len, dtype=torch.bfloat16,
+                                                 load_in_4bit=a.method == "qlora", load_in_16bit=a.method == "lora",
+                                                 local_files_only=True)
+    model = FastLanguageModel.get_peft_model(
+        model, r=16, lora_alpha=32, lora_dropout=0.0, bias="none", random_state=0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        use_gradient_checkpointing="unsloth" if a.grad_ckpt else False)
+    return _trainer_run(a, model, "unsloth")
 
 
 def _child(a: argparse.Namespace, side: str, liger: bool = False, variant: str = "ckpt") -> dict:
@@ -141,7 +208,10 @@ def _child(a: argparse.Namespace, side: str, liger: bool = False, variant: str =
            "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--warmup", str(a.warmup), "--device", a.device,
            "--method", a.method]
     cmd += ["--grad-ckpt" if a.grad_ckpt else "--no-grad-ckpt"] + (["--liger"] if liger else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    if side == "unsloth" and os.environ.get("UNSLOTH_SITE"):  # its packages (and the datasets < 5 it pins) apart
+        env["PYTHONPATH"] = os.pathsep.join((os.environ["UNSLOTH_SITE"], env.get("PYTHONPATH", "")))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         return {"side": side, "status": "failed", "error": (proc.stderr or proc.stdout)[-3000:]}
@@ -159,11 +229,12 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no memory figures)")
     p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--liger", action="store_true", help="also run HF Trainer with use_liger_kernel=True")
+    p.add_argument("--unsloth", action="store_true", help="also run Unsloth (FastLanguageModel) with HF Trainer")
     p.add_argument("--ours", help=f"tunebench's variants, comma-separated, of {', '.join(VARIANTS)} (default: "
                                   "checkpointed as the HF side is)")
     p.add_argument("--profile", default="", help="the variants of ours to profile too, comma-separated")
     p.add_argument("--variant", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
-    p.add_argument("--side", choices=("ours", "hf"), help=argparse.SUPPRESS)
+    p.add_argument("--side", choices=("ours", "hf", "unsloth"), help=argparse.SUPPRESS)
     p.add_argument("--out", help="write all figures as JSON here")
     a = p.parse_args()
     a.profile = [v for v in a.profile.split(",") if v]
@@ -171,10 +242,12 @@ def main() -> None:
     if unknown := set(ours_variants + a.profile) - set(VARIANTS):
         p.error(f"unknown variants {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
     if a.side:
-        print("RESULT " + json.dumps(side_ours(a) if a.side == "ours" else side_hf(a)), flush=True)
+        side = {"ours": side_ours, "hf": side_hf, "unsloth": side_unsloth}[a.side]
+        print("RESULT " + json.dumps(side(a)), flush=True)
         return
     results = [_child(a, "ours", variant=v) for v in ours_variants]
     results += [_child(a, "hf")] + ([_child(a, "hf", liger=True)] if a.liger else [])
+    results += [_child(a, "unsloth")] if a.unsloth else []
     what = "QLoRA" if a.method == "qlora" else "LoRA (bf16 base)"
     print(f"\n{a.model} {what} seq {a.seq_len} batch {a.batch_size} grad_ckpt {a.grad_ckpt} "
           f"({a.steps - a.warmup} timed steps after {a.warmup} warmup)")
@@ -190,6 +263,9 @@ def main() -> None:
         print(f"{r['side']:<27}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{alloc:>16.2f}{resv:>14.2f}"
               f"{ratio:>8.3f}{mem:>7.3f}")
     print("x HF = that side's tokens/s / HF Trainer's (with the same checkpointing); mem = its peak allocated / HF's")
+    for r in results:
+        if r.get("train_peak_alloc_gib") is not None:
+            print(f"{r['side']}: peak allocated while training {r['train_peak_alloc_gib']:.2f} GiB (loading apart)")
     print_profiles(results, top=8)
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=2))

@@ -124,3 +124,24 @@ def test_fused_bf16_on_each_device_matches_fp32_reference(monkeypatch, device):
     for a, b in zip(go, gr):
         assert a.dtype == torch.bfloat16
         assert ((a.float() - b).norm() / b.norm()).item() < 2e-2
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_compiled_softmax_gradient_matches_the_in_place_one(padded, masked):
+    """A chunk's loss and logit gradient as one compiled pair of kernels (the GPU's path) against the in-place
+    eager form: bf16 logits, the padding's columns excluded, ignored tokens zeroed; compiled here on the CPU."""
+    torch.manual_seed(0)
+    vocab, width = 1000, 1024 if padded else 1000
+    logits = (torch.randn(64, width) * 4).bfloat16()
+    y = torch.randint(0, vocab, (64,))
+    valid = (torch.rand(64) > 0.3) if masked else None
+    want_loss, want_grad = L._loss_and_grad_eager(logits, y, vocab, valid, torch.bfloat16)
+    loss, grad = L._compiled()(logits, y, vocab, valid, torch.bfloat16)
+    assert grad.dtype == torch.bfloat16 and grad.shape == logits.shape
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad.float(), want_grad.float(), rtol=1e-2, atol=1e-3)
+    if padded:
+        assert not grad[:, vocab:].any()
+    if masked:
+        assert not grad[~valid].any()

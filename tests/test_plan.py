@@ -1,6 +1,7 @@
 """tunebench plan: predictions checked against every GPU record we measured, against the real models'
 parameters and saved activations on the CPU, and the command's output and errors."""
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -22,6 +23,9 @@ DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
 MEMORY_GOAL, SPEED_GOAL = 0.05, 0.15
 PADDED_LOSS_SINCE = "2026-11-22T03:40"  # GPU runs from then on pad GPT-2's 50,257-row head in the loss
 FUSED_4BIT_SINCE = "2026-11-22T13:45"  # QLoRA blocks keeping matmuls keep the 4-bit ones too (models.nf4) from then
+# the loss's softmax compiled on GPUs from then (engine.loss): before, it held 12 bytes per logit of a chunk
+LOSS_COMPILED_SINCE = "2026-11-22T15:35"
+plan_memory = importlib.import_module("tunebench.plan.memory")  # the module (the package exports its function)
 
 
 def _records(kind: str) -> list[ResultRecord]:
@@ -34,7 +38,7 @@ def _records(kind: str) -> list[ResultRecord]:
     return recs
 
 
-def test_predictions_against_every_gpu_record(capsys):
+def test_predictions_against_every_gpu_record(capsys, monkeypatch):
     """The validation table: predicted vs measured peak memory and tokens/s per GPU, every GPU run we made."""
     newest_first = sorted(_records("hw"), key=lambda r: r.created_at, reverse=True)  # as api.plan.measured_hw
     hw = [(match(r.environment["gpu"]["name"]), r.id[:12], r.metrics.model_dump()) for r in newest_first]
@@ -44,7 +48,10 @@ def test_predictions_against_every_gpu_record(capsys):
     cold = apart = 0
     for r in runs:
         gpu = match(r.environment["gpu"]["name"])
-        p = predict(run_config(what_ran(r)), gpu, r.metrics.world_size, [(i, m) for g, i, m in hw if g == gpu])
+        with monkeypatch.context() as then:  # each record against the engine it ran: the loss as it was then
+            if r.created_at < LOSS_COMPILED_SINCE:
+                then.setattr(plan_memory, "loss_bytes_per_logit", lambda w: 12)
+            p = predict(run_config(what_ran(r)), gpu, r.metrics.world_size, [(i, m) for g, i, m in hw if g == gpu])
         em = p.mem.peak_allocated / r.metrics.peak_mem_allocated_bytes - 1
         et = p.tokens_per_s / r.metrics.tokens_per_s - 1
         # the whole model compiled as one graph is not modelled yet (plan says so): shown, not held to the goals

@@ -7,13 +7,14 @@ those calls ~17 ms of a 272 ms step. Written in torch ops, the same dequantizati
 code2[byte] * absmax2 + offset, the weight as code[nibble] * absmax, in fp32 as bitsandbytes does, then cast) is
 fused by inductor into one kernel launched from the graph with the rest of the block.
 
-`_Linear4bit` keeps only the packed weight for backward, like bitsandbytes' own matmul: both passes dequantize.
+`_Linear4bit` keeps only the packed weight for backward, like bitsandbytes' own matmul: both passes dequantize
+(backward through different ops, so that compiled they are not merged into one whose bf16 output is kept).
 Used in compiled blocks that keep their matmuls' outputs (engine.recompute.keep_matmuls): the block's selective
 checkpoint then sees the base matmuls as plain ops and keeps them as it does a bf16 base's, recomputing only the
-dequantization (measured on an H200: 25% faster, at about twice the memory of recomputing everything). Not yet
-elsewhere: a whole-block checkpoint measured no faster; without checkpointing the compiled partitioner merges the
-forward's and backward's dequantizations and keeps the bf16 weight (+13 GiB on Mistral-7B). Eagerly the same ops
-are several kernels with large temporaries, and FSDP2 and DeepSpeed store the weights in another dtype.
+dequantization (measured on an H200: 25% faster, at about twice the memory of recomputing everything); and in
+compiled blocks without checkpointing (no bitsandbytes calls from the host between kernels). Not in blocks
+checkpointed whole (measured no faster). Eagerly the same ops are several kernels with large temporaries, and
+FSDP2 and DeepSpeed store the weights in another dtype.
 """
 
 from __future__ import annotations
@@ -29,12 +30,19 @@ NESTED_BLOCK = 256  # bitsandbytes quantizes the absmax itself in blocks of 256 
 
 def dequantize(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int,
                shape: tuple[int, ...], dtype: torch.dtype, absmax_code: torch.Tensor | None = None,
-               absmax_scale: torch.Tensor | None = None, offset: torch.Tensor | None = None) -> torch.Tensor:
-    """bitsandbytes' dequantize_4bit: two 4-bit indices per byte, high nibble first, scaled per block."""
+               absmax_scale: torch.Tensor | None = None, offset: torch.Tensor | None = None,
+               again: bool = False) -> torch.Tensor:
+    """bitsandbytes' dequantize_4bit: two 4-bit indices per byte, high nibble first, scaled per block.
+
+    `again`: the same values through different ops, for backward. Compiled, the joint graph's common-subexpression
+    pass would merge identical forward and backward dequantizations into one, which the partitioner then keeps
+    for backward: the whole bf16 weight saved (+13 GiB on Mistral-7B without checkpointing)."""
     if absmax_code is not None:  # nested: the absmax is 8-bit too, with a scale per NESTED_BLOCK of them
-        absmax = absmax_code[absmax.long()] * absmax_scale.repeat_interleave(NESTED_BLOCK)[:absmax.numel()] + offset
+        index = absmax.int() if again else absmax.long()
+        absmax = absmax_code[index] * absmax_scale.repeat_interleave(NESTED_BLOCK)[:absmax.numel()] + offset
     b = packed.reshape(-1)
-    index = torch.stack((b >> 4, b & 0xF), dim=-1).reshape(-1)
+    nibbles = (b // 16, b % 16) if again else (b >> 4, b & 0xF)
+    index = torch.stack(nibbles, dim=-1).reshape(-1)
     return (code[index.long()].view(-1, blocksize) * absmax.view(-1, 1)).view(shape).to(dtype)
 
 
@@ -54,7 +62,8 @@ class _Linear4bit(torch.autograd.Function):
     def backward(ctx, grad):
         packed, absmax, code, absmax_code, absmax_scale, offset = ctx.saved_tensors
         blocksize, shape, bias_grad = ctx.meta
-        w = dequantize(packed, absmax, code, blocksize, shape, grad.dtype, absmax_code, absmax_scale, offset)
+        w = dequantize(packed, absmax, code, blocksize, shape, grad.dtype, absmax_code, absmax_scale, offset,
+                       again=True)
         grad_x = grad @ w if ctx.needs_input_grad[0] else None
         grad_b = grad.reshape(-1, grad.shape[-1]).sum(0) if bias_grad else None
         return grad_x, None, None, None, None, None, None, None, None, grad_b

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from tunebench.plan.activations import Activations, activations
 from tunebench.plan.workload import Workload
 
-LOGITS_PER_CHUNK = 1 << 26  # engine.loss: fp32 logits of one chunk
+LOGITS_PER_CHUNK = 1 << 26  # engine.loss: logits of one chunk
+GRAD_GROUP = 3  # engine.loss: chunks per matmul of a trained head's gradient
 GIB = 1 << 30
 DS_BUCKET = int(5e8)  # strategies.zero: reduce / all-gather / prefetch bucket size, elements
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}
@@ -133,14 +134,20 @@ def _backward_buffers(w: Workload) -> float:
     return 2 * 2 * DS_BUCKET if w.strategy.name == "zero2" else 0.0
 
 
+def loss_bytes_per_logit(w: Workload) -> int:
+    """Bytes the loss holds per logit of one chunk at its peak. On a GPU: the chunk's 16-bit logits and their
+    16-bit gradient (the softmax compiled, no fp32 copy), and for a trained head the gradient of a group of
+    GRAD_GROUP chunks beside them (engine.loss). A head the loss cannot fuse: chunks checkpointed, two fp32 chunks
+    and two bf16 ones at once."""
+    return (2 + 2 + (2 * GRAD_GROUP if w.head_trains else 0)) if w.fused_head else 12
+
+
 def _loss(w: Workload) -> tuple[float, float, float]:
     """(kept through backward, transient peak in the forward, transient in backward) of the loss and head."""
     c, h, tokens = w.counts, w.spec.hidden_size, w.tokens
     vocab = w.spec.vocab_size
     chunk = max(128, LOGITS_PER_CHUNK // vocab)
-    # two fp32 chunks and two bf16 ones live at once: the previous chunk's until the next replaces it; for a trained
-    # head, the bf16 gradient of a group of 3 chunks and one chunk's logits, as much (engine.loss.GRAD_GROUP)
-    transient = 12 * min(chunk, tokens) * vocab
+    transient = loss_bytes_per_logit(w) * min(chunk, tokens) * vocab
     cast_weight = w.full and w.residual_bytes == 4  # fp32 head weights cast to bf16 for the chunks
     transient += (2 * c.head if cast_weight else 0) + (2 * tokens * h if w.residual_bytes == 4 else 0)
     kept = 4 * c.head if (w.head_trains and w.fused_head) else 0.0  # fp32 gradient of the head, made in forward

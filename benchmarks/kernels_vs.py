@@ -1,0 +1,217 @@
+"""Which kernels win on Mistral-7B's shapes: eager PyTorch, torch.compile's generated fusion, Liger's Triton kernels.
+
+Each op is timed forward + backward on the training shapes (batch x seq tokens, default 8 x 512), its inputs
+requiring gradients as in LoRA training (the frozen weights not), median of CUDA-event-timed repetitions:
+
+- `rmsnorm`: Hugging Face's MistralRMSNorm (eager, compiled) vs Liger's RMSNorm;
+- `swiglu`: silu(gate) * up (eager, compiled) vs Liger's SiLUMul;
+- `rope`: Hugging Face's apply_rotary_pos_emb on q and k (eager, compiled) vs Liger's rope;
+- `loss`: the head's matmul and cross-entropy, frozen head: Hugging Face's (logits, fp32, F.cross_entropy;
+  eager, compiled), tunebench's fused chunked loss (engine.loss), Liger's fused linear cross-entropy;
+- `layers`: `--layers` Mistral decoder layers with LoRA r16 on every linear (peft), forward + backward of the
+  stack: eager, compiled per block (as tunebench runs), Liger's kernels patched in (eager, and compiled per block).
+
+    python benchmarks/kernels_vs.py [--ops rmsnorm,swiglu,rope,loss,layers] [--tokens 4096] [--out F]
+
+Runs on the CPU too (no Liger there, few repetitions: a smoke test, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 32000
+
+
+def timed(fn: Callable[[], object], reps: int, warmup: int) -> float:
+    """Median milliseconds of `fn` (forward and backward)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    cuda = torch.cuda.is_available()
+    for _ in range(reps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def _liger():
+    try:
+        import liger_kernel.transformers as lk  # noqa: F401
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def _fwd_bwd(f: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> Callable[[], object]:
+    grads = [torch.randn_like(f(*inputs))]
+
+    def step():
+        out = f(*inputs)
+        out.backward(grads[0])
+    return step
+
+
+def op_rmsnorm(a, dev, dt) -> dict[str, Callable]:
+    from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+
+    x = torch.randn(a.tokens, HIDDEN, device=dev, dtype=dt, requires_grad=True)
+    norm = MistralRMSNorm(HIDDEN).to(dev, dt).requires_grad_(False)
+    out = {"eager": _fwd_bwd(norm, x), "compiled": _fwd_bwd(torch.compile(norm), x)}
+    if _liger():
+        from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+        lnorm = LigerRMSNorm(HIDDEN).to(dev, dt).requires_grad_(False)
+        out["liger"] = _fwd_bwd(lnorm, x)
+    return out
+
+
+def op_swiglu(a, dev, dt) -> dict[str, Callable]:
+    gate, up = (torch.randn(a.tokens, INTER, device=dev, dtype=dt, requires_grad=True) for _ in range(2))
+
+    def swiglu(g, u):
+        return torch.nn.functional.silu(g) * u
+    out = {"eager": _fwd_bwd(swiglu, gate, up), "compiled": _fwd_bwd(torch.compile(swiglu), gate, up)}
+    if _liger():
+        from liger_kernel.transformers.functional import liger_swiglu
+
+        out["liger"] = _fwd_bwd(liger_swiglu, gate, up)
+    return out
+
+
+def op_rope(a, dev, dt) -> dict[str, Callable]:
+    from transformers.models.mistral.modeling_mistral import apply_rotary_pos_emb
+
+    b, s = a.tokens // a.seq, a.seq
+    q = torch.randn(b, HEADS, s, HEAD_DIM, device=dev, dtype=dt, requires_grad=True)
+    k = torch.randn(b, KV_HEADS, s, HEAD_DIM, device=dev, dtype=dt, requires_grad=True)
+    angle = torch.arange(s, device=dev)[:, None] * torch.rand(HEAD_DIM // 2, device=dev)[None]
+    angle = torch.cat((angle, angle), -1)[None].expand(b, -1, -1)
+    cos, sin = angle.cos().to(dt), angle.sin().to(dt)
+
+    def hf(q_, k_):
+        qo, ko = apply_rotary_pos_emb(q_, k_, cos, sin)
+        return torch.cat((qo.flatten(), ko.flatten()))
+    out = {"eager": _fwd_bwd(hf, q, k), "compiled": _fwd_bwd(torch.compile(hf), q, k)}
+    if _liger():
+        from liger_kernel.transformers.functional import liger_rope
+
+        def liger(q_, k_):
+            qo, ko = liger_rope(q_, k_, cos, sin)
+            return torch.cat((qo.flatten(), ko.flatten()))
+        out["liger"] = _fwd_bwd(liger, q, k)
+    return out
+
+
+def op_loss(a, dev, dt) -> dict[str, Callable]:
+    import torch.nn.functional as F
+
+    from tunebench.engine.loss import causal_lm_loss
+
+    h = torch.randn(a.tokens, HIDDEN, device=dev, dtype=dt, requires_grad=True)
+    head = torch.nn.Linear(HIDDEN, VOCAB, bias=False).to(dev, dt).requires_grad_(False)
+    labels = torch.randint(0, VOCAB, (a.tokens,), device=dev)
+
+    def hf(h_):
+        return F.cross_entropy(head(h_).float(), labels)
+    out = {"eager": _fwd_bwd(hf, h), "compiled": _fwd_bwd(torch.compile(hf), h),
+           "tunebench": _fwd_bwd(lambda h_: causal_lm_loss(h_, head, labels, VOCAB), h)}
+    if _liger():
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        flce = LigerFusedLinearCrossEntropyLoss()
+        out["liger"] = _fwd_bwd(lambda h_: flce(head.weight, h_, labels), h)
+    return out
+
+
+def op_layers(a, dev, dt) -> dict[str, Callable]:
+    from peft import LoraConfig, get_peft_model
+    from transformers import MistralConfig, MistralForCausalLM
+
+    def stack(liger: bool, compiled: bool) -> Callable:
+        cfg = MistralConfig(hidden_size=HIDDEN if dev.type == "cuda" else 256,
+                            intermediate_size=INTER if dev.type == "cuda" else 512, num_attention_heads=HEADS,
+                            num_key_value_heads=KV_HEADS, num_hidden_layers=a.layers, vocab_size=256,
+                            max_position_embeddings=a.seq, attn_implementation="sdpa")
+        torch.manual_seed(0)
+        model = MistralForCausalLM(cfg).to(dev, dt)
+        if liger:
+            from liger_kernel.transformers import apply_liger_kernel_to_mistral
+
+            apply_liger_kernel_to_mistral(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=False,
+                                          model=model)
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+        inner = model.base_model.model.model
+        if compiled:
+            for layer in inner.layers:
+                layer.compile()
+        b = a.tokens // a.seq
+        x = torch.randn(b, a.seq, cfg.hidden_size, device=dev, dtype=dt, requires_grad=True)
+        pos = torch.arange(a.seq, device=dev)[None].expand(b, -1)
+        rotary = inner.rotary_emb(x, pos)
+
+        def run(x_):
+            for layer in inner.layers:
+                x_ = layer(x_, position_embeddings=rotary, position_ids=pos)
+                x_ = x_[0] if isinstance(x_, tuple) else x_
+            return x_
+        return _fwd_bwd(run, x)
+
+    out = {"eager": stack(False, False), "compiled": stack(False, True)}
+    if _liger():
+        out["liger"] = stack(True, False)
+        out["liger-compiled"] = stack(True, True)
+    return out
+
+
+OPS = {"rmsnorm": op_rmsnorm, "swiglu": op_swiglu, "rope": op_rope, "loss": op_loss, "layers": op_layers}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--tokens", type=int, default=4096, help="batch x sequence (Mistral-7B s512 b8: 4096)")
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", help="write the figures as JSON here")
+    a = p.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dt = torch.bfloat16
+    if dev.type == "cpu":  # a smoke test: small, few repetitions
+        a.tokens, a.seq, a.reps = min(a.tokens, 256), min(a.seq, 128), 2
+    results: dict[str, dict[str, float]] = {}
+    for name in a.ops.split(","):
+        variants = OPS[name](a, dev, dt)
+        results[name] = {v: timed(step, a.reps, warmup=3) for v, step in variants.items()}
+        best = min(results[name], key=results[name].get)
+        row = "  ".join(f"{v} {ms:.3f}" for v, ms in results[name].items())
+        print(f"{name:<8} ms fwd+bwd: {row}   fastest: {best}", flush=True)
+    device = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    print(f"device {device}, {a.tokens} tokens" + (f", {a.layers} layers" if "layers" in results else ""))
+    if a.out:
+        Path(a.out).write_text(json.dumps({"device": device, "tokens": a.tokens, "layers": a.layers,
+                                           "ms": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
