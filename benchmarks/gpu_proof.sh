@@ -48,6 +48,8 @@
 #   bash benchmarks/gpu_proof.sh loss1     # issue 14: the GPU tests; the loss's kernels against HF's and Liger's
 #   bash benchmarks/gpu_proof.sh loss2     # issue 14: the compiled softmax's memory where the loss is the peak; Unsloth's
 #                                          #   QLoRA side alone (its training peak apart from its load)
+#   bash benchmarks/gpu_proof.sh offload1  # issue 14: activation offload: its tests on the GPU; Mistral-7B QLoRA vs HF
+#                                          #   checkpointed with and without it (METHOD=lora: bf16)
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
 #                                          #   three ways (ckpt_keep matmuls), the checkpointed one profiled
 set -uo pipefail
@@ -360,6 +362,12 @@ loss2)
     --model mistral-7b --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --method qlora --grad-ckpt \
     > "$OUT/unsloth_qlora.txt" 2>&1
   grep RESULT "$OUT/unsloth_qlora.txt" | cut -c1-300 || tail -c 2000 "$OUT/unsloth_qlora.txt"
+  ;;
+offload1)
+  CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider tests/test_offload.py 2>&1 | tail -2
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py --method ${METHOD:-qlora} --model mistral-7b \
+    --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt,ckpt+off,ckpt+mm+off} \
+    --out "$OUT/offload1_${METHOD:-qlora}.json" 2>&1 | tail -n 9
   ;;
 unslothsite)  # Unsloth's packages (unsloth, unsloth_zoo and what the image lacks; its web studio left out)
   mkdir -p /tmp/usite && tar xzf .whl/unsloth-site.tgz -C /tmp/usite

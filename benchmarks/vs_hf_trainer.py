@@ -20,7 +20,8 @@ both sides use fused AdamW (Trainer's adamw_torch_fused).
 
 `--ours` runs tunebench several ways against the same HF run: `ckpt` (every block checkpointed, as HF),
 `ckpt+mm` (checkpointed blocks keep their matmuls' outputs: `ckpt_keep: matmuls`), `ckpt/2` (every other block),
-`none` (no checkpointing), `ckpt+mm/fused` (`ckpt+mm` with fused AdamW, whatever the HF side's optimizer).
+`none` (no checkpointing), `ckpt+mm/fused` (`ckpt+mm` with fused AdamW, whatever the HF side's optimizer),
+`ckpt+off` and `ckpt+mm+off` (those with `offload: activations`).
 `--profile V` adds, for each variant V named, the GPU time per step by kind of kernel and the share of the step
 the GPU sat idle (tunebench's step built from the runner's pieces).
 """
@@ -50,7 +51,10 @@ def _gib(n: int | None) -> float | None:
 VARIANTS = {"ckpt": dict(grad_ckpt=True), "ckpt+mm": dict(grad_ckpt=True, ckpt_keep="matmuls"),
             "ckpt/2": dict(grad_ckpt=True, ckpt_every=2), "none": dict(grad_ckpt=False),
             # the adapters' optimizer as fused AdamW instead of the side's 8-bit one (a different configuration)
-            "ckpt+mm/fused": dict(grad_ckpt=True, ckpt_keep="matmuls", optimizer="adamw_fused")}
+            "ckpt+mm/fused": dict(grad_ckpt=True, ckpt_keep="matmuls", optimizer="adamw_fused"),
+            # what the forward saves for backward held in pinned host memory (offload: activations)
+            "ckpt+off": dict(grad_ckpt=True, offload="activations"),
+            "ckpt+mm+off": dict(grad_ckpt=True, ckpt_keep="matmuls", offload="activations")}
 
 
 def _cfg(a: argparse.Namespace, variant: str | None = None):
@@ -187,8 +191,8 @@ def side_unsloth(a: argparse.Namespace) -> dict:
     patched model code), get_peft_model with its own checkpointing ("unsloth": offloaded to host), HF Trainer."""
     os.environ.setdefault("UNSLOTH_DISABLE_STATISTICS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import unsloth  # noqa: F401  (first: it patches transformers and peft as they import)
     import torch
+    import unsloth  # noqa: F401  (first: it patches transformers and peft as they import)
     from unsloth import FastLanguageModel
 
     path = _random_checkpoint(a.model, Path(os.environ.get("UNSLOTH_MODELS", "/tmp/unsloth-models")))

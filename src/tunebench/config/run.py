@@ -70,9 +70,11 @@ class RunConfig(BaseModel):
                            "compute capability 8.9+; master weights and optimizer state unchanged); tensorwise: one "
                            "scale per tensor (float8 all-gather under fsdp), rowwise: one per row",
         json_schema_extra=LATER)
-    offload: Literal["none", "optimizer"] = Field(
-        "none", description="zero2/zero3: optimizer: the fp32 master weights and Adam's state live in host memory "
-                            "and DeepSpeed's CPU Adam steps them there (GPUs keep the 16-bit weights and gradients)",
+    offload: Literal["none", "optimizer", "activations"] = Field(
+        "none", description="optimizer (zero2/zero3): the fp32 master weights and Adam's state live in host memory "
+                            "and DeepSpeed's CPU Adam steps them there (GPUs keep the 16-bit weights and gradients); "
+                            "activations (single/ddp): what the forward saves for backward (with grad_ckpt, each "
+                            "block's input) waits in pinned host memory, copied both ways beside the compute",
         json_schema_extra=LATER)
     shard_size: int | None = Field(
         None, gt=0, le=1 << 20, description="fsdp: how many processes share one copy of the model states (None: "

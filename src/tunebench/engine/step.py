@@ -17,6 +17,7 @@ import torch
 from tunebench.config import RunConfig
 from tunebench.dist import SINGLE, DistContext
 from tunebench.engine.data import Batch
+from tunebench.engine.offload import activation_offload
 
 MicroFn = Callable[[Batch, bool], torch.Tensor]
 
@@ -48,10 +49,11 @@ def torch_step(module: torch.nn.Module, params: list[torch.nn.Parameter], optimi
                no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> TrainStep:
     """The step of the PyTorch strategies (single, DDP, FSDP2); `no_sync` skips gradient reduction."""
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    saving = activation_offload(cfg.offload, device, module)  # where the forward's saved activations wait
 
     def micro(batch: Batch, sync: bool) -> torch.Tensor:
         with contextlib.nullcontext() if sync else no_sync():
-            with autocast(cfg, device):
+            with autocast(cfg, device), saving():
                 loss = module(*batch) / cfg.grad_accum
             (scaler.scale(loss) if scaler else loss).backward()
         return loss.detach().float()

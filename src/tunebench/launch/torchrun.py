@@ -44,7 +44,7 @@ class Torchrun:
         with RunDir.temporary() as rundir:
             rundir.write_job({"config": cfg.model_dump(), "inputs": inputs})
             # a training job's ranks stop on SIGTERM with a checkpoint: pass the signal on, wait for them
-            host_compute = plan.device.type == "cpu" or cfg.offload != "none"
+            host_compute = plan.device.type == "cpu" or cfg.offload == "optimizer"
             code, tail = run_torchrun(torchrun_argv(cfg, nproc, rundir.path), torchrun_env(nproc, host_compute),
                                       forward=inputs is not None)
             if (text := rundir.result()) is not None:

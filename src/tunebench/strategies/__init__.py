@@ -79,10 +79,15 @@ class Strategy:
         if cfg.float8 != "off" and self.deepspeed:
             raise UserError(f"invalid float8={cfg.float8}: torchao's float8 layers run under single, ddp or fsdp, "
                             f"not under DeepSpeed's {self.name}")
-        if cfg.offload != "none" and not self.deepspeed:
+        if cfg.offload == "optimizer" and not self.deepspeed:
             deepspeed = " or ".join(n for n, st in STRATEGIES.items() if st.deepspeed)
             raise UserError(f"invalid offload={cfg.offload} with strategy={self.name}: the optimizer runs on the host "
                             f"under DeepSpeed ({deepspeed})")
+        if cfg.offload == "activations" and self.name not in ("single", "ddp"):
+            # FSDP2 frees the gathered weights' storage after each block, DeepSpeed its own way: the hooks would
+            # have to tell those apart from activations; not built
+            raise UserError(f"invalid offload={cfg.offload} with strategy={self.name}: activations are offloaded "
+                            "under single or ddp")
         if cfg.shard_size is not None:
             if self.name != "fsdp":
                 raise UserError(f"invalid shard_size={cfg.shard_size} with strategy={self.name}: groups of shards "
