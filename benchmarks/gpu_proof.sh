@@ -50,6 +50,8 @@
 #                                          #   QLoRA side alone (its training peak apart from its load)
 #   bash benchmarks/gpu_proof.sh offload1  # issue 14: activation offload: its tests on the GPU; Mistral-7B QLoRA vs HF
 #                                          #   checkpointed with and without it (METHOD=lora: bf16)
+#   bash benchmarks/gpu_proof.sh x2off     # 2 GPUs: activation offload under DDP (Llama-3.2-1B LoRA, with and without);
+#                                          #   Llama-3-8B FSDP2 without checkpointing vs the plain script (the compiled loss)
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
 #                                          #   three ways (ckpt_keep matmuls), the checkpointed one profiled
 set -uo pipefail
@@ -368,6 +370,14 @@ offload1)
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py --method ${METHOD:-qlora} --model mistral-7b \
     --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt,ckpt+off,ckpt+mm+off} \
     --out "$OUT/offload1_${METHOD:-qlora}.json" 2>&1 | tail -n 9
+  ;;
+x2off)
+  D="--model llama-3.2-1b --method lora --strategy ddp --nproc-per-node 2 --seq-len 2048 --batch-size 8 --grad-ckpt"
+  D="$D --steps 16 --warmup 6 --tag gpu-proof-x2off"
+  tb run $D 2>&1 | grep -E "status|tokens/s  |peak memory|rror"
+  tb run $D --offload activations 2>&1 | grep -E "status|tokens/s  |peak memory|rror"
+  python3 benchmarks/vs_plain_fsdp.py --gpus 2 --sides plain,ours --batch-size 2 --steps 16 --warmup 5 \
+    --side-timeout 170 --out "$OUT/vs_plain_fsdp_x2.json" 2>&1 | tail -5
   ;;
 unslothsite)  # Unsloth's packages (unsloth, unsloth_zoo and what the image lacks; its web studio left out)
   mkdir -p /tmp/usite && tar xzf .whl/unsloth-site.tgz -C /tmp/usite
