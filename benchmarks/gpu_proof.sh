@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU proof runs, sent to a device machine with .whl carried (see benchmarks/README.md).
+# GPU proof runs, sent to a device machine with .whl carried (figures and commands: benchmarks/RESULTS.md).
 #   bash benchmarks/gpu_proof.sh core      # issue 2: tinygpt-124m full bf16, mistral-7b QLoRA vs HF Trainer
 #   bash benchmarks/gpu_proof.sh single    # tinygpt-124m eager/compile + QLoRA vs HF Trainer (GPU 0 only)
 #   bash benchmarks/gpu_proof.sh scale8    # issue 3: tinygpt-124m, batch 8/GPU, 4 strategies at 1,2,4 GPUs

@@ -130,7 +130,7 @@ def _loss_and_grad_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid
 
 @functools.cache
 def _compiled() -> Callable:
-    return torch.compile(_loss_and_grad_pure, dynamic=False)  # on first use: importing dynamo takes ~2 s
+    return torch.compile(_loss_and_grad_pure)  # on first use: importing dynamo takes ~2 s
 
 
 def _loss_and_grad(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: torch.Tensor | None,
@@ -141,6 +141,9 @@ def _loss_and_grad(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: tor
     if torch.compiler.is_compiling():
         return _loss_and_grad_pure(logits, y, vocab, valid, dtype)
     if logits.is_cuda:
+        # chunks' row counts vary (the last one is partial): one graph for all, not one per count (dynamo stops
+        # compiling after 8 and would run the pure form eagerly, with its fp32 temporaries)
+        torch._dynamo.maybe_mark_dynamic(logits, 0)
         return _compiled()(logits, y, vocab, valid, dtype)
     return _loss_and_grad_eager(logits, y, vocab, valid, dtype)
 

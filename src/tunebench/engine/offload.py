@@ -70,6 +70,11 @@ class ActivationOffload:
     @contextlib.contextmanager
     def forward(self) -> Iterator[None]:
         """One forward's saves (a new step: the previous one's entries are done with)."""
+        if self.cuda:  # a copy back never unpacked still writes memory the compute stream may reuse
+            current = torch.cuda.current_stream(self.device)
+            for e in self.entries:
+                if e.back is not None:
+                    current.wait_event(e.arrived)
         self.entries, self.seen, self.offloaded_bytes, self.in_flight = [], {}, 0, collections.deque()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
@@ -138,17 +143,22 @@ class ActivationOffload:
         if isinstance(e, torch.Tensor):
             return e
         for earlier in self.entries[max(0, e.index - PREFETCH):e.index]:
-            self._fetch(earlier)
+            if earlier.uses:  # not those already used up
+                self._fetch(earlier)
         if e.gpu is not None:
             t = e.gpu
         else:
+            if e.host is None:
+                raise RuntimeError("an activation kept on the device for backward was unpacked again after its last "
+                                   "use: a second backward through one forward (retain_graph) is not supported with "
+                                   "offload=activations")
             self._fetch(e)
             t = e.back
             if self.cuda:
                 torch.cuda.current_stream(self.device).wait_event(e.arrived)
         e.uses -= 1
-        if e.uses == 0:  # every save of it unpacked: nothing of it kept here any more
-            e.gpu = e.back = e.host = None
+        if e.uses == 0:  # every save of it unpacked: its device copy goes (the host one stays until the next
+            e.gpu = e.back = None  # forward, for a backward that unpacks it again: retain_graph)
         return t
 
 
@@ -156,5 +166,16 @@ def activation_offload(offload: str, device: torch.device, module: torch.nn.Modu
     """The context a forward runs in: offloading its saves when `offload` is "activations", else nothing."""
     if offload != "activations":
         return contextlib.nullcontext
-    params = list(module.parameters()) + list(module.buffers())
-    return ActivationOffload(device, params).forward
+    return ActivationOffload(device, _persistent(module)).forward
+
+
+def _persistent(module: torch.nn.Module) -> list[torch.Tensor]:
+    """What the model holds across steps (a matmul saves its weight): parameters, buffers and the 4-bit weights'
+    quantization constants (bitsandbytes keeps them beside the parameter, not as buffers)."""
+    out = list(module.parameters()) + list(module.buffers())
+    for p in module.parameters():
+        qs = getattr(p, "quant_state", None)
+        while qs is not None:  # the absmax of a nested quantization has its own state
+            out += [t for t in (qs.absmax, qs.code, getattr(qs, "offset", None)) if isinstance(t, torch.Tensor)]
+            qs = getattr(qs, "state2", None)
+    return out

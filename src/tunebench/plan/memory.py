@@ -140,11 +140,12 @@ def _backward_buffers(w: Workload) -> float:
 
 
 def loss_bytes_per_logit(w: Workload) -> int:
-    """Bytes the loss holds per logit of one chunk at its peak. On a GPU: the chunk's 16-bit logits and their
-    16-bit gradient (the softmax compiled, no fp32 copy), and for a trained head the gradient of a group of
+    """Bytes the loss holds per logit of one chunk at its peak. On a GPU: the chunk's logits and their gradient in
+    the compute dtype (the softmax compiled, no fp32 copy), and for a trained head the gradient of a group of
     GRAD_GROUP chunks beside them (engine.loss). A head the loss cannot fuse: chunks checkpointed, two fp32 chunks
     and two bf16 ones at once."""
-    return (2 + 2 + (2 * GRAD_GROUP if w.head_trains else 0)) if w.fused_head else 12
+    b = w.compute_bytes
+    return (2 * b + (b * GRAD_GROUP if w.head_trains else 0)) if w.fused_head else 12
 
 
 def _loss(w: Workload) -> tuple[float, float, float]:
