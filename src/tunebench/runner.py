@@ -27,7 +27,14 @@ from tunebench.engine.data import SyntheticTokens
 from tunebench.engine.loop import LoopResult, LoopSpec, run_loop
 from tunebench.engine.loss import is_fusable
 from tunebench.engine.model import CausalLMWithLoss, count_params, transformer_blocks, unwrap
-from tunebench.engine.recompute import checkpoint_every, keep_matmuls, keeps_matmuls, no_input_grads, recomputed_share
+from tunebench.engine.recompute import (
+    checkpoint_every,
+    checkpointed_whole,
+    keep_matmuls,
+    keeps_matmuls,
+    no_input_grads,
+    recomputed_share,
+)
 from tunebench.engine.step import TrainStep, optimizer_step_fn
 from tunebench.environment import environment
 from tunebench.errors import UserError, invalid, require
@@ -182,7 +189,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     scope = out.compile_scope = strategy.compile_scope(cfg)
     if scope and cfg.method == "qlora":  # the dequantization in the compiled graph (models.nf4): where measured faster
         for block in blocks:
-            if keeps_matmuls(block) or not getattr(block, "gradient_checkpointing", False):
+            if keeps_matmuls(block) or not checkpointed_whole(block):
                 fuse_dequantization(block)
     if scope == "blocks":
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times

@@ -74,7 +74,7 @@ def keep_matmuls(blocks: nn.ModuleList) -> None:
     """Turn each checkpointed block into one that also keeps its matmuls' and attention's outputs."""
     context = functools.partial(create_selective_checkpoint_contexts, _policy)
     for block in blocks:
-        if getattr(block, "gradient_checkpointing", False):
+        if checkpointed_whole(block):
             block.gradient_checkpointing = False  # Hugging Face's whole-block checkpoint off; ours goes inside
             block.forward = _checkpointed(block.forward, context)
             block.keeps_matmuls = True
@@ -84,6 +84,11 @@ def keeps_matmuls(block: nn.Module) -> bool:
     return getattr(block, "keeps_matmuls", False)
 
 
+def checkpointed_whole(block: nn.Module) -> bool:
+    """Hugging Face's checkpoint is on: the block's whole forward runs again in backward."""
+    return bool(getattr(block, "gradient_checkpointing", False))
+
+
 def recomputed_share(blocks: nn.ModuleList) -> float:
     """The share of blocks whose matmuls run again in backward (the FLOPs counted for HFU)."""
-    return sum(bool(getattr(b, "gradient_checkpointing", False)) for b in blocks) / len(blocks)
+    return sum(checkpointed_whole(b) for b in blocks) / len(blocks)

@@ -38,6 +38,10 @@ class Activations:
     attention: str  # the SDPA kernel the planner assumes ("flash" or "math")
     note: str
 
+    def saved_by_blocks(self, w: Workload) -> float:
+        """Bytes every block keeps through one micro-batch's forward (what offload=activations copies)."""
+        return w.tokens * w.layers * self.kept_per_layer
+
 
 def _attention_kernel(w: Workload) -> str:
     # SDPA picks flash (or cuDNN) for bf16 without a mask; the eager implementation materialises S x S.

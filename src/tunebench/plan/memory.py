@@ -194,9 +194,9 @@ def memory(w: Workload) -> MemoryPlan:
     opt, paged = _optimizer(w)
     grads = _grads(w)
     kept_loss, loss_transient, loss_backward = _loss(w)
-    saved = w.tokens * w.layers * act.kept_per_layer  # every block's saved activations
+    saved = act.saved_by_blocks(w)
     # offload=activations: they wait in host memory; on the GPU only those in flight (engine.offload)
-    resident = min(w.layers, OFFLOAD_RESIDENT_BLOCKS) / w.layers if w.cfg.offload == "activations" else 1.0
+    resident = min(w.layers, OFFLOAD_RESIDENT_BLOCKS) / w.layers if w.activations_offloaded else 1.0
     acts = saved * resident + w.tokens * act.outside
     persistent = sum(i.bytes for i in weights + working) + opt
     # Accumulation keeps gradients across micro-batches. DDP keeps its buckets (the gradients' storage after
@@ -224,7 +224,7 @@ def memory(w: Workload) -> MemoryPlan:
     plan = MemoryPlan(items, {"forward": forward, "backward": backward, "step": step}, act, paged)
     if w.offloaded:  # fp32 master weights, Adam's two moments and the fp32 gradients of the partition
         plan.host_bytes = 16 * w.trainable / w.sharded
-    if w.cfg.offload == "activations":  # pinned
+    if w.activations_offloaded:  # pinned
         plan.host_bytes = saved
     plan.context_bytes = CONTEXT_BYTES[1] if w.world == 1 and w.strategy.name == "single" else (
         CONTEXT_BYTES["nccl"] if w.world == 1 else CONTEXT_BYTES["nccl-multi"])

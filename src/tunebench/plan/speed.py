@@ -162,7 +162,6 @@ def step_time(w: Workload, hw: Hardware) -> StepTime:
 
 def _activation_copies(w: Workload) -> float:
     """Seconds of one direction's copies of the saved activations (offload=activations), per step."""
-    if w.cfg.offload != "activations":
+    if not w.activations_offloaded:
         return 0.0
-    saved = w.tokens * w.layers * activations(w).kept_per_layer * w.cfg.grad_accum
-    return saved / ACTIVATION_COPY_BYTES_PER_S
+    return activations(w).saved_by_blocks(w) * w.cfg.grad_accum / ACTIVATION_COPY_BYTES_PER_S

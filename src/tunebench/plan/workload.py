@@ -105,6 +105,11 @@ class Workload:
         return self.deepspeed and self.cfg.offload == "optimizer"
 
     @property
+    def activations_offloaded(self) -> bool:
+        """What the forward saves for backward waits in host memory (engine.offload)."""
+        return self.cfg.offload == "activations"
+
+    @property
     def autocast(self) -> bool:
         """The step runs under autocast (DeepSpeed casts the model itself; fp32 and bf16-pure need no cast)."""
         return not self.fp32 and not self.deepspeed and not self.pure
