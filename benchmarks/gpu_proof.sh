@@ -37,6 +37,7 @@
 #   bash benchmarks/gpu_proof.sh offload   # issue 15: Llama-3-8B full ZeRO-3 on one GPU, the optimizer on the host
 #   bash benchmarks/gpu_proof.sh gputests  # the tests that also run on a GPU (skipped on the CPU), on GPU 0
 #   bash benchmarks/gpu_proof.sh fsdpvs    # issue 15: Llama-3-8B FSDP2 vs the plain script, with and without ckpt
+#   bash benchmarks/gpu_proof.sh x4vs      # issue 15: Llama-3-8B FSDP2 vs plain on 4 GPUs, both orders (x4ckpt: with ckpt, DDP)
 #   bash benchmarks/gpu_proof.sh hsdp      # issue 15: Llama-3-8B full, HSDP (2 groups of 2 GPUs) on 4 GPUs
 #   bash benchmarks/gpu_proof.sh ddppure   # issue 15: TinyGPT DDP scaling 1 -> 4, bf16 autocast and bf16-pure
 #   bash benchmarks/gpu_proof.sh packed7b  # issue 14: QLoRA with the packed 8-bit step vs HF; GPT-2 vs plain compile
@@ -50,6 +51,8 @@
 #                                          #   QLoRA side alone (its training peak apart from its load)
 #   bash benchmarks/gpu_proof.sh offload1  # issue 14: activation offload: its tests on the GPU; Mistral-7B QLoRA vs HF
 #                                          #   checkpointed with and without it (METHOD=lora: bf16)
+#   bash benchmarks/gpu_proof.sh siblings  # issue 14: LoRA siblings (q/k/v, gate/up) as one vs apart: 4 layers, then
+#                                          #   Mistral-7B vs HF (METHOD=qlora, OURS=..., LAYERS=0 skips the layers)
 #   bash benchmarks/gpu_proof.sh x2off     # 2 GPUs: activation offload under DDP (Llama-3.2-1B LoRA, with and without);
 #                                          #   Llama-3-8B FSDP2 without checkpointing vs the plain script (the compiled loss)
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
@@ -371,6 +374,12 @@ offload1)
     --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt,ckpt+off,ckpt+mm+off} \
     --out "$OUT/offload1_${METHOD:-qlora}.json" 2>&1 | tail -n 9
   ;;
+siblings)  # issue 14: LoRA siblings as one vs apart: 4 Mistral layers compiled, then Mistral-7B vs HF (GPU 0)
+  [ "${LAYERS:-1}" = 1 ] && python3 benchmarks/kernels_vs.py --ops layers --out "$OUT/kernels_layers.json" 2>&1 | tail -2
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py --method ${METHOD:-lora} --model mistral-7b \
+    --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-none,none/apart,ckpt,ckpt/apart} \
+    --out "$OUT/siblings_${METHOD:-lora}.json" 2>&1 | tail -n 9
+  ;;
 x2off)
   D="--model llama-3.2-1b --method lora --strategy ddp --nproc-per-node 2 --seq-len 2048 --batch-size 8 --grad-ckpt"
   D="$D --steps 16 --warmup 6 --tag gpu-proof-x2off"
@@ -392,7 +401,7 @@ unsloth7b)
   ;;
 gputests)
   CUDA_VISIBLE_DEVICES=${GPU:-0} python3 -m pytest -q -p no:cacheprovider tests/test_loss.py tests/test_optim.py \
-    tests/test_nf4.py 2>&1 | tail -4
+    tests/test_nf4.py tests/test_offload.py tests/test_lora_siblings.py 2>&1 | tail -4
   ;;
 nf4fused)
   # 4-bit dequantization fused in the compiled blocks: Mistral-7B QLoRA vs HF with checkpointing two ways (GPU 0),
@@ -434,6 +443,18 @@ packed7b)
 fsdpvs)
   python3 benchmarks/vs_plain_fsdp.py --gpus ${NPROC:-4} --sides plain-ckpt,ours-ckpt,plain,ours --batch-size 2 \
     --steps 12 --warmup 5 --side-timeout 150 --out "$OUT/vs_plain_fsdp.json" 2>&1 | tail -7
+  ;;
+x4vs)  # issue 15: Llama-3-8B FSDP2 vs the plain script on 4 GPUs, no checkpointing, each order, 20 timed steps
+  for order in plain,ours ours,plain; do
+    python3 benchmarks/vs_plain_fsdp.py --gpus ${NPROC:-4} --sides $order --batch-size 2 --steps 25 --warmup 5 \
+      --side-timeout 200 --out "$OUT/vs_plain_fsdp_${order/,/_}.json" 2>&1 | tail -4
+  done
+  ;;
+x4ckpt)  # issue 15: the same with per-block checkpointing, then TinyGPT DDP 1 -> 4 GPUs against the plain script
+  python3 benchmarks/vs_plain_fsdp.py --gpus ${NPROC:-4} --sides plain-ckpt,ours-ckpt --batch-size 2 --steps 20 \
+    --warmup 5 --side-timeout 200 --out "$OUT/vs_plain_fsdp_ckpt.json" 2>&1 | tail -4
+  python3 benchmarks/vs_plain_ddp.py --gpus 1,${NPROC:-4} --sides plain-ddp,ours-ddp --out "$OUT/vs_plain_ddp.json" \
+    2>&1 | tail -6
   ;;
 hsdp)
   H="--model llama-3-8b --method full --strategy fsdp --nproc-per-node ${NPROC:-4} --shard-size 2 --seq-len 4096"

@@ -9,7 +9,9 @@ requiring gradients as in LoRA training (the frozen weights not), median of CUDA
 - `loss`: the head's matmul and cross-entropy, frozen head: Hugging Face's (logits, fp32, F.cross_entropy;
   eager, compiled), tunebench's fused chunked loss (engine.loss), Liger's fused linear cross-entropy;
 - `layers`: `--layers` Mistral decoder layers with LoRA r16 on every linear (peft), forward + backward of the
-  stack: eager, compiled per block (as tunebench runs), Liger's kernels patched in (eager, and compiled per block).
+  stack: eager, compiled per block (as tunebench runs), Liger's kernels patched in (eager, and compiled per block);
+  and under bf16 autocast with fp32 adapters (as tunebench trains), compiled, the LoRA siblings (q/k/v, gate/up)
+  apart as peft runs them and as one (`methods.lora_siblings`).
 
     python benchmarks/kernels_vs.py [--ops rmsnorm,swiglu,rope,loss,layers] [--tokens 4096] [--out F]
 
@@ -147,7 +149,9 @@ def op_layers(a, dev, dt) -> dict[str, Callable]:
     from peft import LoraConfig, get_peft_model
     from transformers import MistralConfig, MistralForCausalLM
 
-    def stack(liger: bool, compiled: bool) -> Callable:
+    def stack(liger: bool, compiled: bool, siblings: bool | None = None) -> Callable:
+        """`siblings` (under bf16 autocast with fp32 adapters, as tunebench trains): q/k/v and gate/up run as one
+        (methods.lora_siblings) or apart as peft runs them; None: bf16 adapters, no autocast."""
         cfg = MistralConfig(hidden_size=HIDDEN if dev.type == "cuda" else 256,
                             intermediate_size=INTER if dev.type == "cuda" else 512, num_attention_heads=HEADS,
                             num_key_value_heads=KV_HEADS, num_hidden_layers=a.layers, vocab_size=256,
@@ -159,8 +163,14 @@ def op_layers(a, dev, dt) -> dict[str, Callable]:
 
             apply_liger_kernel_to_mistral(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=False,
                                           model=model)
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),
+                               autocast_adapter_dtype=siblings is not None)
         inner = model.base_model.model.model
+        if siblings:
+            from tunebench.methods.lora_siblings import group_siblings
+
+            for layer in inner.layers:
+                group_siblings(layer)
         if compiled:
             for layer in inner.layers:
                 layer.compile()
@@ -170,13 +180,16 @@ def op_layers(a, dev, dt) -> dict[str, Callable]:
         rotary = inner.rotary_emb(x, pos)
 
         def run(x_):
-            for layer in inner.layers:
-                x_ = layer(x_, position_embeddings=rotary, position_ids=pos)
-                x_ = x_[0] if isinstance(x_, tuple) else x_
+            with torch.autocast(dev.type, torch.bfloat16, enabled=siblings is not None):
+                for layer in inner.layers:
+                    x_ = layer(x_, position_embeddings=rotary, position_ids=pos)
+                    x_ = x_[0] if isinstance(x_, tuple) else x_
             return x_
         return _fwd_bwd(run, x)
 
-    out = {"eager": stack(False, False), "compiled": stack(False, True)}
+    out = {"eager": stack(False, False), "compiled": stack(False, True),
+           "autocast-apart-compiled": stack(False, True, siblings=False),
+           "autocast-siblings-compiled": stack(False, True, siblings=True)}
     if _liger():
         out["liger"] = stack(True, False)
         out["liger-compiled"] = stack(True, True)

@@ -21,7 +21,8 @@ both sides use fused AdamW (Trainer's adamw_torch_fused).
 `--ours` runs tunebench several ways against the same HF run: `ckpt` (every block checkpointed, as HF),
 `ckpt+mm` (checkpointed blocks keep their matmuls' outputs: `ckpt_keep: matmuls`), `ckpt/2` (every other block),
 `none` (no checkpointing), `ckpt+mm/fused` (`ckpt+mm` with fused AdamW, whatever the HF side's optimizer),
-`ckpt+off` and `ckpt+mm+off` (those with `offload: activations`).
+`ckpt+off` and `ckpt+mm+off` (those with `offload: activations`); each with `/apart` added runs the LoRA
+layers sharing an input (q/k/v, gate/up) one by one as peft does (`lora_fused: false`).
 `--profile V` adds, for each variant V named, the GPU time per step by kind of kernel and the share of the step
 the GPU sat idle (tunebench's step built from the runner's pieces).
 """
@@ -55,6 +56,8 @@ VARIANTS = {"ckpt": dict(grad_ckpt=True), "ckpt+mm": dict(grad_ckpt=True, ckpt_k
             # what the forward saves for backward held in pinned host memory (offload: activations)
             "ckpt+off": dict(grad_ckpt=True, offload="activations"),
             "ckpt+mm+off": dict(grad_ckpt=True, ckpt_keep="matmuls", offload="activations")}
+# each of those with the LoRA siblings (q/k/v, gate/up) run apart, as peft runs them (lora_fused: false)
+VARIANTS |= {f"{name}/apart": dict(options, lora_fused=False) for name, options in list(VARIANTS.items())}
 
 
 def _cfg(a: argparse.Namespace, variant: str | None = None):

@@ -39,6 +39,7 @@ from tunebench.engine.step import TrainStep, optimizer_step_fn
 from tunebench.environment import environment
 from tunebench.errors import UserError, invalid, require
 from tunebench.methods import apply_method, check_targets
+from tunebench.methods.lora_siblings import group_siblings
 from tunebench.metrics.aggregate import combine_ranks, rank_figures
 from tunebench.metrics.compile import compile_seconds
 from tunebench.metrics.flops import FlopsPerToken, flops_per_token, peak_flops
@@ -191,6 +192,10 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
         for block in blocks:
             if keeps_matmuls(block) or not checkpointed_whole(block):
                 fuse_dequantization(block)
+    if cfg.method != "full" and cfg.lora_fused and strategy.lora_siblings:
+        for block in blocks:  # not where compile traces the checkpoint: dynamo refuses the siblings' hand-over there
+            if not keeps_matmuls(block):
+                group_siblings(block)
     if scope == "blocks":
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times
             block.compile()

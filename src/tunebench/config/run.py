@@ -29,6 +29,11 @@ class RunConfig(BaseModel):
     lora_alpha: float = Field(32.0, gt=0)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_targets: list[str] = Field(default_factory=lambda: ["all-linear"])
+    lora_fused: bool = Field(True, description="LoRA layers reading one input (q/k/v, gate/up) run as one: their "
+                                               "A matrices stacked into one matmul, each B product added in a "
+                                               "matmul's epilogue (needs lora_dropout 0; blocks keeping their "
+                                               "matmuls and zero3 run them apart)",
+                             json_schema_extra=LATER)
     quant: Literal["nf4", "fp4"] = "nf4"
     double_quant: bool = True
     quant_compute_dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"

@@ -37,6 +37,9 @@ class Strategy:
     # builds the model inside the strategy module's `partitioning(cfg, world_size)` context, which partitions each
     # module's parameters as soon as it exists (DeepSpeed's zero.Init); apply takes `materialize`, which fills them
     partitioned_init: bool = False
+    # LoRA siblings run as one (methods.lora_siblings): one layer's forward reads its siblings' adapters, which
+    # is not so where a module's parameters exist only inside its own forward (ZeRO-3's gathering)
+    lora_siblings: bool = True
 
     def partitions_at_init(self, cfg: RunConfig) -> bool:
         # a QLoRA base is built whole and packed (a quarter of bf16's bytes: 35 GiB for 70B), then partitioned:
@@ -115,7 +118,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero", {"stage": 2},
              deepspeed=True),
     Strategy("zero3", "DeepSpeed ZeRO-3: parameters sharded too", "zero", {"stage": 3},
-             fused_head=False, deepspeed=True, partitioned_init=True),
+             fused_head=False, deepspeed=True, partitioned_init=True, lora_siblings=False),
 )}
 
 
