@@ -150,8 +150,8 @@ def op_layers(a, dev, dt) -> dict[str, Callable]:
     from transformers import MistralConfig, MistralForCausalLM
 
     def stack(liger: bool, compiled: bool, siblings: bool | None = None) -> Callable:
-        """`siblings` (under bf16 autocast with fp32 adapters, as tunebench trains): q/k/v and gate/up run as one
-        (methods.lora_siblings) or apart as peft runs them; None: bf16 adapters, no autocast."""
+        """`siblings` (under bf16 autocast, as tunebench trains): q/k/v and gate/up run as one
+        (methods.lora_siblings) or apart as peft runs them; None: no autocast (peft's fp32 adapters on bf16)."""
         cfg = MistralConfig(hidden_size=HIDDEN if dev.type == "cuda" else 256,
                             intermediate_size=INTER if dev.type == "cuda" else 512, num_attention_heads=HEADS,
                             num_key_value_heads=KV_HEADS, num_hidden_layers=a.layers, vocab_size=256,
@@ -163,8 +163,7 @@ def op_layers(a, dev, dt) -> dict[str, Callable]:
 
             apply_liger_kernel_to_mistral(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=False,
                                           model=model)
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),
-                               autocast_adapter_dtype=siblings is not None)
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
         inner = model.base_model.model.model
         if siblings:
             from tunebench.methods.lora_siblings import group_siblings

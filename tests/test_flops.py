@@ -18,8 +18,9 @@ def _flops(name: str, cfg: RunConfig):
     spec = resolve_model(name)
     model = apply_method(load_meta_model(spec, cfg), cfg)  # meta: shapes only
     head = (model.get_base_model() if hasattr(model, "get_base_model") else model).get_output_embeddings()
+    assert cfg.ckpt_every == 1 and cfg.ckpt_keep == "input"  # with grad_ckpt, every block's forward runs twice
     return flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
-                           cfg.recompute_share)
+                           1.0 if cfg.grad_ckpt else 0.0)
 
 
 def test_gpt2_small_full_training():

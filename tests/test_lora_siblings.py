@@ -53,6 +53,7 @@ def test_siblings_train_as_peft():
     ref, fused = _pair()
     groups = [g for layer in _layers(fused) for g in group_siblings(layer)]
     assert len(groups) == 2 * CFG.num_hidden_layers  # q/k/v and gate/up in each block
+    assert [g for layer in _layers(fused) for g in group_siblings(layer)] == []  # grouped once only
     ids = torch.randint(0, CFG.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
     _assert_same(ref, fused, ids)
     assert fused.state_dict().keys() == ref.state_dict().keys()  # peft's names, peft's adapter files
@@ -66,7 +67,7 @@ def test_one_graph_when_compiled():
     ref, fused = _pair()
     counter = CompileCounter()
     for layer in _layers(fused):
-        group_siblings(layer)
+        assert len(group_siblings(layer)) == 2
         layer.compile(backend=counter, fullgraph=True)
     torch._dynamo.reset()
     _assert_same(ref, fused, torch.randint(0, CFG.vocab_size, (2, 12)))
@@ -177,10 +178,12 @@ def test_compiled_block_has_fewer_matmuls():
     assert counted(True) == [18, 29]
 
 
-@pytest.mark.parametrize("keep", ["input", "matmuls"])
-def test_runner_groups_where_compile_allows(keep):
-    """The runner groups the siblings, except in blocks whose checkpoint compile traces (keeping matmuls): there
-    dynamo refuses the hand-over between siblings (a side effect inside the checkpoint) and would break the graph."""
+@pytest.mark.parametrize(("compile_scope", "keep", "grouped"), [
+    (None, "matmuls", True), ("blocks", "input", True), ("blocks", "matmuls", False), ("model", "input", False)])
+def test_runner_groups_where_compile_allows(compile_scope, keep, grouped):
+    """The runner groups the siblings, except where compile traces a checkpoint (ours keeping matmuls in a compiled
+    block, Hugging Face's inside the whole model's graph): dynamo refuses the hand-over there (a side effect inside
+    the checkpoint) and would give the graph up. Eager, every block is grouped."""
     from tunebench.config import RunConfig
     from tunebench.dist import SINGLE
     from tunebench.engine.model import transformer_blocks
@@ -188,8 +191,60 @@ def test_runner_groups_where_compile_allows(keep):
 
     for fused in (True, False):
         cfg = RunConfig(model="tiny-llama", method="lora", seq_len=16, batch_size=1, device="cpu", grad_ckpt=True,
-                        ckpt_keep=keep, lora_fused=fused)
+                        ckpt_keep=keep, lora_fused=fused, compile=compile_scope is not None,
+                        compile_scope=compile_scope or "auto")
         plan = preflight(cfg)
         blocks = transformer_blocks(build_trainable(plan, Outcome(), SINGLE).model, plan.spec.num_layers)
-        grouped = ["forward" in vars(b.mlp.up_proj) for b in blocks]
-        assert grouped == [fused and keep == "input"] * plan.spec.num_layers
+        assert ["forward" in vars(b.mlp.up_proj) for b in blocks] == [fused and grouped] * plan.spec.num_layers
+
+
+def test_zero3_runs_the_siblings_apart():
+    """Under ZeRO-3 a module's parameters exist only inside its own forward: the first sibling cannot read the
+    others' adapters."""
+    from tunebench.strategies import STRATEGIES
+
+    assert [n for n, st in STRATEGIES.items() if not st.lora_siblings] == ["zero3"]
+
+
+def test_adapters_of_other_ranks_and_scales():
+    """peft's rank_pattern / alpha_pattern (q, k, v with their own rank and scale) and rsLoRA's scaling."""
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(CFG)
+    lcfg = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_rslora=True,
+                      rank_pattern={"k_proj": 2, "up_proj": 6}, alpha_pattern={"v_proj": 3})
+    ref = get_peft_model(base, lcfg)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    fused = copy.deepcopy(ref)
+    assert len([g for layer in _layers(fused) for g in group_siblings(layer)]) == 2 * CFG.num_hidden_layers
+    _assert_same(ref, fused, torch.randint(0, CFG.vocab_size, (2, 12)))
+
+
+def test_deep_copy_computes_with_its_own_weights():
+    """A grouped model deep-copied: the copy's siblings use the copy's adapters, the original's its own."""
+    ref, fused = _pair()
+    for layer in _layers(fused):
+        group_siblings(layer)
+    twin = copy.deepcopy(fused)
+    with torch.no_grad():
+        for n, p in twin.named_parameters():
+            if "lora_B" in n:
+                p.zero_()
+    x = torch.randn(2, 5, CFG.hidden_size)
+    a, a_twin, a_ref = (_layers(m)[0].self_attn for m in (fused, twin, ref))
+    with torch.no_grad():
+        assert torch.allclose(a.q_proj(x), a_ref.q_proj(x), atol=1e-6)
+        assert torch.allclose(a_twin.q_proj(x), a_twin.q_proj.base_layer(x), atol=1e-6)  # B zero: the base alone
+
+
+def test_other_dtypes_without_autocast_left_to_peft():
+    """fp32 adapters on a bf16 input without autocast: peft computes the adapters in fp32 and casts back; the group
+    leaves such a call to it."""
+    ref, fused = _pair(torch.bfloat16)  # bf16 base, fp32 adapters
+    group_siblings(_layers(fused)[0])
+    x = torch.randn(2, 5, CFG.hidden_size, dtype=torch.bfloat16)
+    with torch.no_grad():
+        attn, attn_ref = _layers(fused)[0].self_attn, _layers(ref)[0].self_attn
+        assert torch.equal(attn.q_proj(x), attn_ref.q_proj(x)) and torch.equal(attn.k_proj(x), attn_ref.k_proj(x))

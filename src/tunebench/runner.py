@@ -193,8 +193,11 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
             if keeps_matmuls(block) or not checkpointed_whole(block):
                 fuse_dequantization(block)
     if cfg.method != "full" and cfg.lora_fused and strategy.lora_siblings:
-        for block in blocks:  # not where compile traces the checkpoint: dynamo refuses the siblings' hand-over there
-            if not keeps_matmuls(block):
+        for block in blocks:
+            # not where compile traces a checkpoint (ours keeping matmuls, or Hugging Face's inside the whole
+            # model's graph): dynamo refuses the siblings' hand-over there and gives the graph up
+            traced_checkpoint = keeps_matmuls(block) or (scope == "model" and checkpointed_whole(block))
+            if not (scope and traced_checkpoint):
                 group_siblings(block)
     if scope == "blocks":
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times

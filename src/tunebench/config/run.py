@@ -31,8 +31,8 @@ class RunConfig(BaseModel):
     lora_targets: list[str] = Field(default_factory=lambda: ["all-linear"])
     lora_fused: bool = Field(True, description="LoRA layers reading one input (q/k/v, gate/up) run as one: their "
                                                "A matrices stacked into one matmul, each B product added in a "
-                                               "matmul's epilogue (needs lora_dropout 0; blocks keeping their "
-                                               "matmuls and zero3 run them apart)",
+                                               "matmul's epilogue (needs lora_dropout 0; where compile traces a "
+                                               "checkpoint and under zero3 they run apart)",
                              json_schema_extra=LATER)
     quant: Literal["nf4", "fp4"] = "nf4"
     double_quant: bool = True
@@ -145,11 +145,6 @@ class RunConfig(BaseModel):
         if self.rdzv_endpoint and not _is_endpoint(self.rdzv_endpoint):
             raise ValueError(f"rdzv_endpoint={self.rdzv_endpoint} must be HOST:PORT")
         return self
-
-    @property
-    def recompute_share(self) -> float:
-        """The share of blocks checkpointed (their forward runs twice): 0, 1, or 1/ckpt_every rounded up."""
-        return 1.0 / self.ckpt_every if self.grad_ckpt else 0.0
 
     @property
     def distributed(self) -> bool:

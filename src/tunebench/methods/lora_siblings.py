@@ -5,13 +5,15 @@ input), ·Bᵀ, a scale and an add (for a 4-bit base, after a defensive clone of
 the adapter's fp32 and back first. For q, k and v that is three thin GEMMs over one input in forward and three
 more passes over it in backward. Here the siblings of a block run together: their A matrices stacked, one
 x·[A_q; A_k; A_v]ᵀ, and each B product added to its base output in the matmul's epilogue (addmm) rather than by a
-separate elementwise pass. Measured on an H200 (Mistral-7B s512 b8), 0.5-1.8% faster and up to 0.33 GiB less
-than peft's layers apart. The base weights themselves as one GEMM over [W_q; W_k; W_v] (stored as views of one
-tensor) was measured too and dropped: no faster, and the saved value's view kept the whole output alive (+1.2 GiB).
+separate elementwise pass. Measured on an H200 (Mistral-7B s512 b8, checkpointed or not): 0.5-2.1% faster and
+0.07-0.33 GiB less than peft's layers apart. The base weights themselves as one GEMM over [W_q; W_k; W_v]
+(stored as views of one tensor) was measured too and dropped: no faster, and the saved value's view kept the
+whole output alive (+1.2 GiB).
 
 The first sibling called computes the stacked product and the next ones, called with the same input, use it (any
 other call runs peft's own forward); compiled, dynamo traces that hand-over into the block's one graph. Not inside
-a checkpoint that compile traces (`ckpt_keep: matmuls`): dynamo refuses the hand-over there (a side effect), and
+a checkpoint that compile traces (ours keeping matmuls, Hugging Face's in a whole-model graph): dynamo refuses the
+hand-over there (a side effect), and
 letting each sibling compute the product for the compiler to merge was measured 1-2.4% slower than peft's layers
 apart (the forward merges, but each copy keeps its own backward). Modules, parameters, names and saved adapters
 stay peft's.
@@ -19,6 +21,7 @@ stay peft's.
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 
@@ -43,37 +46,41 @@ def plain_lora(m: nn.Module) -> bool:
 
 
 class SiblingGroup:
-    """The LoRA layers of one block that read the same input (not a module: nothing of it is saved)."""
+    """The LoRA layers of one block that read the same input. Not a module, so nothing of it is saved; each member
+    refers to it as a plain attribute, so that a deep copy of the model copies it with its members."""
 
     def __init__(self, members: list[nn.Module]):
         self.members = members
         self._input: torch.Tensor | None = None
         self._down: torch.Tensor | None = None  # x·[A_1; A_2; ...]ᵀ of that input
 
-    def usable(self) -> bool:
-        return all(plain_lora(m) for m in self.members)
+    def usable(self, x: torch.Tensor) -> bool:
+        # without autocast peft computes the adapters in their own dtype and casts back; alike dtypes only here
+        autocast = torch.is_autocast_enabled(x.device.type)
+        return all(plain_lora(m) and (autocast or m.lora_A[ADAPTER].weight.dtype == x.dtype) for m in self.members)
 
     def output(self, index: int, x: torch.Tensor, alone: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        if not self.usable():
-            self._input = self._down = None
-            return alone(x)
         if index == 0:
-            self._input, self._down = x, self._stacked(x)
-        elif self._input is not x:  # not called as the block calls them: peft's own way
+            self._input = self._down = None
+            if not self.usable(x):
+                return alone(x)
+            self._input = x
+            try:
+                self._down = self._stacked(x)
+            except BaseException:
+                self._input = None
+                raise
+        elif self._input is not x or self._down is None:  # not called as the block calls them: peft's own way
             self._input = self._down = None
             return alone(x)
-        out = self._one(index, x, self._down)
+        down = self._down
         if index == len(self.members) - 1:
             self._input = self._down = None
-        return out
-
-    def _dtype(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # under autocast the matmuls cast their operands; otherwise compute in the input's dtype, as peft does
-        return w if torch.is_autocast_enabled(x.device.type) else w.to(x.dtype)
+        return self._one(index, x, down)
 
     def _stacked(self, x: torch.Tensor) -> torch.Tensor:
         a = torch.cat([m.lora_A[ADAPTER].weight for m in self.members])
-        return F.linear(x.reshape(-1, x.shape[-1]), self._dtype(x, a))
+        return F.linear(x.reshape(-1, x.shape[-1]), a)
 
     def _one(self, index: int, x: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
         """This sibling's output: its base layer's, plus its columns of the stacked product times its B, scaled,
@@ -82,18 +89,17 @@ class SiblingGroup:
         start = sum(s.lora_A[ADAPTER].out_features for s in self.members[:index])
         b = m.lora_B[ADAPTER]
         base = m.base_layer(x)
-        up = self._dtype(x, b.weight * m.scaling[ADAPTER])
-        out = torch.addmm(base.reshape(-1, base.shape[-1]), down[:, start:start + b.in_features], up.t())
+        out = torch.addmm(base.reshape(-1, base.shape[-1]), down[:, start:start + b.in_features],
+                          (b.weight * m.scaling[ADAPTER]).t())
         return out.view(*x.shape[:-1], -1)
 
 
-def _member_forward(group: SiblingGroup, index: int, alone: Callable) -> Callable:
-    def forward(self: nn.Module, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if args or kwargs:
-            return alone(x, *args, **kwargs)
-        return group.output(index, x, alone)
-
-    return forward
+def _grouped_forward(self: nn.Module, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """A sibling's forward: through its group, or peft's own (its class's) for any other kind of call."""
+    alone = functools.partial(type(self).forward, self)
+    if args or kwargs:
+        return alone(x, *args, **kwargs)
+    return self.sibling_group.output(self.sibling_index, x, alone)
 
 
 def group_siblings(block: nn.Module) -> list[SiblingGroup]:
@@ -102,10 +108,11 @@ def group_siblings(block: nn.Module) -> list[SiblingGroup]:
     for parent in block.modules():
         for names in SIBLINGS:
             members = [getattr(parent, n, None) for n in names]
-            if not all(m is not None and plain_lora(m) for m in members):
+            if not all(m is not None and plain_lora(m) and "forward" not in vars(m) for m in members):
                 continue
             group = SiblingGroup(members)
             for i, m in enumerate(members):
-                m.forward = types.MethodType(_member_forward(group, i, m.forward), m)
+                m.sibling_group, m.sibling_index = group, i
+                m.forward = types.MethodType(_grouped_forward, m)
             groups.append(group)
     return groups
