@@ -185,10 +185,15 @@ def test_two_nodes_on_one_machine(tmp_path):
         assert [r.id for r in s.records()] == [rec["id"]]
 
 
-def _rank_process(rank: int) -> psutil.Process | None:
-    for p in psutil.process_iter(["cmdline"]):
+def _rank_process(rank: int, launcher: int) -> psutil.Process | None:
+    """That rank's worker among the launcher's descendants (not another run's on the same machine)."""
+    try:
+        descendants = psutil.Process(launcher).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for p in descendants:
         try:
-            if "tunebench.launch.worker" in " ".join(p.info["cmdline"] or []) and p.environ().get("RANK") == str(rank):
+            if "tunebench.launch.worker" in " ".join(p.cmdline()) and p.environ().get("RANK") == str(rank):
                 return p
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -200,15 +205,21 @@ def test_killed_rank_fails_the_run_within_the_timeout(tmp_path):
     cmd = [sys.executable, "-m", "tunebench.cli", "run", *DIST, "--strategy", "ddp", "--nproc-per-node", "2",
            "--steps", "1000000", "--timeout", "60", "--store", str(store)]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, victim = time.time() + 120, None
-    while time.time() < deadline and victim is None:
-        victim = _rank_process(1)
-        time.sleep(0.5)
-    assert victim is not None, "rank 1 never started"
-    time.sleep(4)  # well inside the training loop
-    victim.send_signal(signal.SIGKILL)
-    killed_at = time.time()
-    out, err = launcher.communicate(timeout=120)
+    tree = psutil.Process(launcher.pid)
+    try:
+        deadline, victim = time.time() + 120, None
+        while time.time() < deadline and victim is None:
+            victim = _rank_process(1, launcher.pid)
+            time.sleep(0.5)
+        assert victim is not None, "rank 1 never started"
+        time.sleep(4)  # well inside the training loop
+        victim.send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        out, err = launcher.communicate(timeout=120)
+    finally:  # a run of a million steps left behind would fail every later test that looks for stray processes
+        for p in [*tree.children(recursive=True), tree] if tree.is_running() else []:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
     assert time.time() - killed_at < 60, "the run outlived its collective timeout"
     assert launcher.returncode == 1
     rec = json.loads(out)
