@@ -3,8 +3,11 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tunebench.cli import main
@@ -47,3 +50,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+RUN_MARKS = ("tunebench.launch.worker", "tunebench.launch.child", "torch.distributed.run")
+
+
+def runs_alive(tag: str) -> list[psutil.Process]:
+    """Processes of a run whose config carries `tag` (in their run directory's job.json)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if any(m in cmd for m in RUN_MARKS):
+                rundir = next((Path(a) for a in p.info["cmdline"] if a.startswith(tempfile.gettempdir())), None)
+                if rundir is None or not (rundir / "job.json").exists() or tag in (rundir / "job.json").read_text():
+                    found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+            continue
+    return found
+
+
+def runs_gone(tag: str, within: float = 10.0) -> bool:
+    """Within `within` seconds no process of a run tagged `tag` is left."""
+    deadline = time.time() + within
+    while time.time() < deadline:
+        if not [p for p in runs_alive(tag) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.3)
+    return False

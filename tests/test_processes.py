@@ -9,40 +9,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import yaml
 
-from conftest import cli_subprocess
+from conftest import cli_subprocess, runs_alive, runs_gone
 from tunebench.store import Store
 
 TINY = {"model": "tiny-llama", "device": "cpu", "seq_len": 32, "batch_size": 1, "steps": 4, "warmup": 1}
-MARKS = ("tunebench.launch.worker", "tunebench.launch.child", "torch.distributed.run")
-
-
-def _ours(tag: str) -> list[psutil.Process]:
-    """Processes of a run whose config carries `tag` (in their run directory's job.json)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-            if any(m in cmd for m in MARKS):
-                rundir = next((Path(a) for a in p.info["cmdline"] if a.startswith(tempfile.gettempdir())), None)
-                if rundir is None or not (rundir / "job.json").exists() or tag in (rundir / "job.json").read_text():
-                    found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
-            continue
-    return found
-
-
-def _gone(tag: str, within: float = 10.0) -> bool:
-    deadline = time.time() + within
-    while time.time() < deadline:
-        if not [p for p in _ours(tag) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
-            return True
-        time.sleep(0.3)
-    return False
-
-
 def _suite(tmp_path, runs, name="p") -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"name": name, "base": TINY, "runs": runs}))
@@ -56,7 +28,7 @@ def test_sweep_timeout_ends_every_rank(tmp_path):
                        timeout=300)
     (rec,) = json.loads(p.stdout)
     assert rec["status"] == "timeout"
-    assert _gone("t-timeout"), "a rank outlived its timed-out run"
+    assert runs_gone("t-timeout"), "a rank outlived its timed-out run"
 
 
 def test_killed_sweep_takes_its_ranks_with_it(tmp_path):
@@ -65,13 +37,13 @@ def test_killed_sweep_takes_its_ranks_with_it(tmp_path):
     sweep = subprocess.Popen([sys.executable, "-m", "tunebench.cli", "sweep", str(path), "--store",
                               str(tmp_path / "r.db")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 180
-    while time.time() < deadline and len([p for p in _ours("t-killed")
+    while time.time() < deadline and len([p for p in runs_alive("t-killed")
                                           if "tunebench.launch.worker" in " ".join(p.cmdline())]) < 2:
         time.sleep(0.5)
     assert time.time() < deadline, "the ranks never started"
     sweep.send_signal(signal.SIGKILL)
     sweep.wait()
-    assert _gone("t-killed"), "ranks outlived their killed sweep"
+    assert runs_gone("t-killed"), "ranks outlived their killed sweep"
 
 
 def test_run_timeout_ends_a_hung_distributed_run(tmp_path):
@@ -83,7 +55,7 @@ def test_run_timeout_ends_a_hung_distributed_run(tmp_path):
     rec = json.loads(p.stdout)
     assert p.returncode == 1 and rec["status"] == "timeout" and "15 s" in rec["error"]
     assert time.time() - started < 120
-    assert _gone("t-run-timeout")
+    assert runs_gone("t-run-timeout")
     assert [r.status for r in Store(tmp_path / "r.db").records()] == ["timeout"]
 
 
@@ -107,7 +79,7 @@ def test_one_runner_per_sweep(tmp_path):
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    assert _gone("t-lock")
+    assert runs_gone("t-lock")
     with Store(store) as s:  # its owner died (kill -9 left the lock behind): the next runner takes it over
         s.acquire(f"sweep {sweep_id}")
         s.release(f"sweep {sweep_id}")

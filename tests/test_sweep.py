@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from conftest import cli_subprocess
+from conftest import cli_subprocess, runs_gone
 from tunebench.errors import UserError
 from tunebench.store import Store
 from tunebench.suites import builtin_names, expand, load_suite, parse_sets
@@ -104,13 +104,9 @@ def test_sweep_records_every_failure_kind_and_goes_on(tmp_path):
         assert s.count() == 5 and s.integrity_check() == "ok"
 
 
-def _children_alive() -> bool:
-    out = subprocess.run(["pgrep", "-f", "tunebench.cli run"], capture_output=True, text=True).stdout
-    return bool(out.strip())
-
-
 def test_killed_sweep_resumes_to_exactly_one_ok_per_configuration(tmp_path):
-    path = _suite(tmp_path, [{"name": f"r{r}", "method": "lora", "lora_rank": r} for r in (2, 4, 8, 16)], "k")
+    path = _suite(tmp_path, [{"name": f"r{r}", "method": "lora", "lora_rank": r, "tag": ["t-resume"]}
+                             for r in (2, 4, 8, 16)], "k")
     store = tmp_path / "r.db"
     sweep = subprocess.Popen([sys.executable, "-m", "tunebench.cli", "sweep", str(path), "--store", str(store)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -121,8 +117,7 @@ def test_killed_sweep_resumes_to_exactly_one_ok_per_configuration(tmp_path):
         time.sleep(0.3)
     sweep.send_signal(signal.SIGKILL)
     sweep.wait()
-    time.sleep(1.5)
-    assert not _children_alive(), "a run outlived its killed sweep"
+    assert runs_gone("t-resume"), "a run outlived its killed sweep"
     with Store(store) as s:
         done = list(s.records())
         sweep_id = done[0].sweep_id
