@@ -26,7 +26,9 @@ class Strategy:
     options: Mapping[str, Any] = field(default_factory=dict)  # passed to apply
     one_process: bool = False  # exactly one process (no torch.distributed)
     refuses: Mapping[str, str] = field(default_factory=dict)  # method -> why it is refused
-    fused_head: bool = True  # the fused head + loss works (ZeRO-3 gathers the head's weight only in its forward)
+    # a module's parameters exist only inside its own forward (ZeRO-3 gathers them there): nothing may read them
+    # from another module's forward (see fused_head, lora_siblings)
+    gathers_per_module: bool = False
     deepspeed: bool = False  # runs through DeepSpeed: needs the package, shards the optimizer itself
     # compile_scope=model works: the model and its loss compiled as one graph. Not under a wrapper that needs
     # its hooks between blocks (DDP's buckets, FSDP's gathers, DeepSpeed's partitions): blocks there.
@@ -37,9 +39,16 @@ class Strategy:
     # builds the model inside the strategy module's `partitioning(cfg, world_size)` context, which partitions each
     # module's parameters as soon as it exists (DeepSpeed's zero.Init); apply takes `materialize`, which fills them
     partitioned_init: bool = False
-    # LoRA siblings run as one (methods.lora_siblings): one layer's forward reads its siblings' adapters, which
-    # is not so where a module's parameters exist only inside its own forward (ZeRO-3's gathering)
-    lora_siblings: bool = True
+
+    @property
+    def fused_head(self) -> bool:
+        """The fused head + loss works: the loss reads the head's weight outside the head's forward."""
+        return not self.gathers_per_module
+
+    @property
+    def lora_siblings(self) -> bool:
+        """LoRA siblings can run as one (methods.lora_siblings): one layer's forward reads its siblings' adapters."""
+        return not self.gathers_per_module
 
     def partitions_at_init(self, cfg: RunConfig) -> bool:
         # a QLoRA base is built whole and packed (a quarter of bf16's bytes: 35 GiB for 70B), then partitioned:
@@ -118,7 +127,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero", {"stage": 2},
              deepspeed=True),
     Strategy("zero3", "DeepSpeed ZeRO-3: parameters sharded too", "zero", {"stage": 3},
-             fused_head=False, deepspeed=True, partitioned_init=True, lora_siblings=False),
+             gathers_per_module=True, deepspeed=True, partitioned_init=True),
 )}
 
 
