@@ -53,6 +53,10 @@
 #                                          #   checkpointed with and without it (METHOD=lora: bf16)
 #   bash benchmarks/gpu_proof.sh siblings  # issue 14: LoRA siblings (q/k/v, gate/up) as one vs apart: 4 layers, then
 #                                          #   Mistral-7B vs HF (METHOD=qlora, OURS=..., LAYERS=0 skips the layers)
+#   bash benchmarks/gpu_proof.sh dequant   # issue 14: the 4-bit dequantization three ways (Mistral-7B shapes); GPU tests
+#   bash benchmarks/gpu_proof.sh dequant7b # issue 14: Mistral-7B QLoRA vs HF, dequantized by the kernel and as before
+#                                          #   (OURS=..., variants with /ops: TUNEBENCH_NF4_KERNEL=0; NAME=, PROFILE=)
+#   bash benchmarks/gpu_proof.sh attnk     # SDPA's backends timed on Mistral-7B's and GPT-2's attention shapes
 #   bash benchmarks/gpu_proof.sh x2off     # 2 GPUs: activation offload under DDP (Llama-3.2-1B LoRA, with and without);
 #                                          #   Llama-3-8B FSDP2 without checkpointing vs the plain script (the compiled loss)
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
@@ -398,6 +402,19 @@ unsloth7b)
   UNSLOTH_SITE=/tmp/usite python3 benchmarks/vs_hf_trainer.py --method ${METHOD:-qlora} --model mistral-7b \
     --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt+mm,none} --unsloth \
     --out "$OUT/unsloth7b_${METHOD:-qlora}.json" 2>&1 | tail -n 12
+  ;;
+dequant)
+  # 4-bit dequantization: bitsandbytes vs inductor's kernel for the torch ops vs our Triton kernel; the GPU tests
+  python3 benchmarks/dequant_vs.py --out "$OUT/dequant_vs.json" 2>&1 | tail -n 46
+  [ "${TESTS:-1}" = 1 ] && bash "$0" gputests
+  ;;
+dequant7b)  # issue 14: Mistral-7B QLoRA vs HF, 4-bit dequantization by our Triton kernel and as before (/ops)
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py --method qlora --model mistral-7b --seq-len 512 \
+    --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt,ckpt/ops,none,none/ops} --profile "${PROFILE:-}" \
+    --out "$OUT/dequant7b_${NAME:-a}.json" 2>&1 | tail -n ${TAIL:-12}
+  ;;
+attnk)  # SDPA's backends (flash, memory-efficient, cuDNN) on Mistral-7B's and GPT-2 small's shapes
+  python3 benchmarks/kernels_vs.py --ops attention,attention_gpt2 --out "$OUT/kernels_attention.json" 2>&1 | tail -8
   ;;
 gputests)
   CUDA_VISIBLE_DEVICES=${GPU:-0} python3 -m pytest -q -p no:cacheprovider tests/test_loss.py tests/test_optim.py \

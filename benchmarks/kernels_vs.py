@@ -8,12 +8,15 @@ requiring gradients as in LoRA training (the frozen weights not), median of CUDA
 - `rope`: Hugging Face's apply_rotary_pos_emb on q and k (eager, compiled) vs Liger's rope;
 - `loss`: the head's matmul and cross-entropy, frozen head: Hugging Face's (logits, fp32, F.cross_entropy;
   eager, compiled), tunebench's fused chunked loss (engine.loss), Liger's fused linear cross-entropy;
+- `attention`, `attention_gpt2`: causal SDPA by each backend (flash, memory-efficient, cuDNN) on Mistral-7B's
+  shapes and on GPT-2 small's (s2048 b8, with and without its attention dropout);
 - `layers`: `--layers` Mistral decoder layers with LoRA r16 on every linear (peft), forward + backward of the
   stack: eager, compiled per block (as tunebench runs), Liger's kernels patched in (eager, and compiled per block);
   and under bf16 autocast with fp32 adapters (as tunebench trains), compiled, the LoRA siblings (q/k/v, gate/up)
   apart as peft runs them and as one (`methods.lora_siblings`).
 
-    python benchmarks/kernels_vs.py [--ops rmsnorm,swiglu,rope,loss,layers] [--tokens 4096] [--out F]
+    python benchmarks/kernels_vs.py [--ops rmsnorm,swiglu,rope,loss,layers,attention,attention_gpt2]
+        [--tokens 4096] [--out F]
 
 Runs on the CPU too (no Liger there, few repetitions: a smoke test, not a measurement).
 """
@@ -195,7 +198,34 @@ def op_layers(a, dev, dt) -> dict[str, Callable]:
     return out
 
 
-OPS = {"rmsnorm": op_rmsnorm, "swiglu": op_swiglu, "rope": op_rope, "loss": op_loss, "layers": op_layers}
+def _attention(shape: tuple[int, int, int, int], dropouts: tuple[float, ...], dev, dt) -> dict[str, Callable]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(shape, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
+    out = {}
+    backends = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION)
+    for backend in backends if dev.type == "cuda" else (SDPBackend.MATH,):
+        for p in dropouts:
+            def attend(q_, k_, v_, backend=backend, p=p):
+                with sdpa_kernel(backend):
+                    return torch.nn.functional.scaled_dot_product_attention(q_, k_, v_, is_causal=True, dropout_p=p)
+            out[f"{backend.name.lower().replace('_attention', '')}" + (f" p{p}" if len(dropouts) > 1 else "")] = (
+                _fwd_bwd(attend, q, k, v))
+    return out
+
+
+def op_attention(a, dev, dt) -> dict[str, Callable]:
+    """Causal SDPA on Mistral-7B's shapes (32 heads of 128; k and v expanded to them, as transformers does)."""
+    return _attention((a.tokens // a.seq, HEADS, a.seq, HEAD_DIM), (0.0,), dev, dt)
+
+
+def op_attention_gpt2(a, dev, dt) -> dict[str, Callable]:
+    """Causal SDPA on GPT-2 small's (s2048 b8: 12 heads of 64), without and with its 0.1 attention dropout."""
+    return _attention((8, 12, 2048, 64) if dev.type == "cuda" else (1, 2, 128, 64), (0.0, 0.1), dev, dt)
+
+
+OPS = {"rmsnorm": op_rmsnorm, "swiglu": op_swiglu, "rope": op_rope, "loss": op_loss, "layers": op_layers,
+       "attention": op_attention, "attention_gpt2": op_attention_gpt2}
 
 
 def main() -> None:
@@ -214,7 +244,12 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     for name in a.ops.split(","):
         variants = OPS[name](a, dev, dt)
-        results[name] = {v: timed(step, a.reps, warmup=3) for v, step in variants.items()}
+        results[name] = {}
+        for v, step in variants.items():
+            try:
+                results[name][v] = timed(step, a.reps, warmup=3)
+            except RuntimeError as e:  # a kernel that does not take these inputs (an SDPA backend)
+                print(f"{name} {v}: not run: {str(e).splitlines()[0][:200]}")
         best = min(results[name], key=results[name].get)
         row = "  ".join(f"{v} {ms:.3f}" for v, ms in results[name].items())
         print(f"{name:<8} ms fwd+bwd: {row}   fastest: {best}", flush=True)

@@ -5,7 +5,7 @@ import types
 import pytest
 import torch
 
-from tunebench.models import nf4
+from tunebench.models import nf4, nf4_kernel
 
 bnb = pytest.importorskip("bitsandbytes")
 BF = pytest.importorskip("bitsandbytes.functional")
@@ -49,6 +49,48 @@ def test_blocks_across_rows_dequantize_as_quantized(device):
         assert torch.equal(ours, BF.dequantize_4bit(packed, qs))
 
 
+CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available() or not nf4_kernel.available(torch.zeros(1).cuda()),
+                               reason="the Triton kernel needs a GPU: run on one, see benchmarks/RESULTS.md")
+
+
+@CUDA_ONLY
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("blocksize", [64, 128])
+def test_kernel_equals_bitsandbytes(quant_type, nested, blocksize):
+    """models.nf4_kernel: bitsandbytes' values bit for bit, in every output dtype, for sizes that end inside a
+    program (4,096 values each), a nested-absmax block (256 absmax), or a quantization block's row."""
+    for shape in ((176, 64), (3, 320), (384, 1024), (1000, 4096), (4096, 1408)):
+        w = torch.randn(shape, generator=torch.Generator().manual_seed(1)).cuda()
+        packed, qs = BF.quantize_4bit(w, blocksize=blocksize, quant_type=quant_type, compress_statistics=nested)
+        nest = (qs.state2.code, qs.state2.absmax, qs.offset) if qs.nested else (None, None, None)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            ref = BF.dequantize_4bit(packed, qs).float().to(dtype)
+            for again in (False, True):
+                ours = nf4_kernel.dequantize(packed, qs.absmax, qs.code, qs.blocksize, tuple(qs.shape), dtype, *nest,
+                                             again=again)
+                assert ours.dtype == dtype and torch.equal(ours, ref), (shape, dtype, again)
+
+
+@CUDA_ONLY
+def test_kernel_traces_into_a_compiled_graph_and_switches_off():
+    """torch.compile sees the kernel as an op (one graph, no break); TUNEBENCH_NF4_KERNEL=0 goes back to the
+    torch ops."""
+    from torch._dynamo.utils import counters
+
+    _, packed, qs = _quantized((256, 512), device="cuda")
+    args = (packed, qs.absmax, qs.code, qs.blocksize, tuple(qs.shape), torch.bfloat16, qs.state2.code,
+            qs.state2.absmax, qs.offset)
+    torch._dynamo.reset()
+    counters.clear()
+    out = torch.compile(nf4_kernel.dequantize, fullgraph=True)(*args)
+    assert torch.equal(out, BF.dequantize_4bit(packed, qs).to(torch.bfloat16))
+    assert not counters["graph_break"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNEBENCH_NF4_KERNEL", "0")
+        assert not nf4_kernel.available(packed)
+
+
 def _layer(device="cpu", bias=False):
     lin = bnb.nn.Linear4bit(256, 192, bias=bias, compute_dtype=torch.float32, quant_type="nf4")
     lin.weight = bnb.nn.Params4bit(torch.randn(192, 256) / 16, requires_grad=False, quant_type="nf4",
@@ -75,15 +117,17 @@ def test_fused_layer_matches_bitsandbytes_and_keeps_no_weight_for_backward(devic
     assert not [t for t in saved if t.is_floating_point() and t.numel() >= 192 * 256]
 
 
-def test_compiled_layers_keep_no_dequantized_weight_for_backward():
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_layers_keep_no_dequantized_weight_for_backward(device):
     """Compiled, the forward's and backward's dequantizations are not merged into one kept for backward (what the
-    joint graph's common-subexpression pass did: +13 GiB on Mistral-7B): backward keeps only the packed weights."""
+    joint graph's common-subexpression pass did: +13 GiB on Mistral-7B): backward keeps only the packed weights.
+    On a GPU the dequantization is the Triton kernel (models.nf4_kernel), seen by the compiler as an op."""
     a, b = _layer(), _layer()
     b.weight = bnb.nn.Params4bit(torch.randn(256, 192) / 16, requires_grad=False, quant_type="nf4",
                                  compress_statistics=True)
-    b = b.to("cpu")
+    a, b = a.to(device), b.to(device)
     block = torch.nn.Sequential(a, torch.nn.SiLU(), b)
-    x = torch.randn(64, 256, requires_grad=True)
+    x = torch.randn(64, 256, device=device, requires_grad=True)
     ref = torch.autograd.grad(block(x).square().sum(), x)[0]
     assert nf4.fuse_dequantization(block) == 2
     block.compile()

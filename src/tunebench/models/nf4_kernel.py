@@ -1,0 +1,108 @@
+"""bitsandbytes' 4-bit dequantization as one Triton kernel (CUDA only; `nf4.dequantize` is the reference).
+
+Inductor's kernel for the torch-ops dequantization (an int64 gather per element, the nibbles stacked, the nested
+absmax expanded) reads and writes at about a third of an H200's bandwidth. This one reads each byte once, looks
+both nibbles up in the 16-entry code, scales them by their block's absmax (itself dequantized in place when
+nested: `code2[byte] * absmax2 + offset`), and stores the pair interleaved, in the output dtype. The products are
+rounded as bitsandbytes rounds them (fp32 multiply, then add, never fused into one fma): the values are its
+values bit for bit.
+
+Registered as a `torch.library.triton_op`, so that torch.compile sees the kernel inside a block's graph (no graph
+break) and eager calls launch it directly. `again` selects a second, identical entry point: compiled, the joint
+graph's common-subexpression pass would otherwise merge the forward's and backward's dequantizations into one and
+keep its bf16 output for backward.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: models.nf4 falls back to its torch ops
+    triton = None
+
+BYTES_PER_PROGRAM = 2048  # 4,096 output elements per program (measured best of 512-4096 on an H200)
+NUM_WARPS = 4
+
+
+def available(where: torch.Tensor | torch.device | str) -> bool:
+    """For a CUDA tensor or device, with Triton installed. `TUNEBENCH_NF4_KERNEL=0` turns it off, to measure it
+    against what ran before it in one job (its values are the same, so no record needs to tell them apart)."""
+    device = where.device if isinstance(where, torch.Tensor) else torch.device(where)
+    return triton is not None and device.type == "cuda" and os.environ.get("TUNEBENCH_NF4_KERNEL", "1") != "0"
+
+
+if triton is not None:
+
+    @triton.jit
+    def _mul_rn(a, b):
+        # an explicitly rounded multiply: PTX never contracts it with the following add into an fma
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+    @triton.jit
+    def _dequantize_kernel(packed, absmax, code, absmax_code, absmax_scale, offset, out, n_bytes,
+                           HALF_BLOCK: tl.constexpr, NESTED_BLOCK: tl.constexpr, NESTED: tl.constexpr,
+                           BYTES: tl.constexpr):
+        start = tl.program_id(0).to(tl.int64) * BYTES
+        i = start + tl.arange(0, BYTES)
+        inside = i < n_bytes
+        b = tl.load(packed + i, mask=inside, other=0).to(tl.int32)
+        block = i // HALF_BLOCK  # a block of BLOCKSIZE values is HALF_BLOCK bytes
+        if NESTED:
+            q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
+            scale = tl.load(absmax_scale + block // NESTED_BLOCK, mask=inside, other=0.0)
+            a = _mul_rn(tl.load(absmax_code + q), scale) + tl.load(offset)
+        else:
+            a = tl.load(absmax + block, mask=inside, other=0.0)
+        high = _mul_rn(tl.load(code + (b >> 4)), a)  # high nibble first, as bitsandbytes packs
+        low = _mul_rn(tl.load(code + (b & 0xF)), a)
+        pair = tl.reshape(tl.join(high, low), [2 * BYTES])
+        j = 2 * start + tl.arange(0, 2 * BYTES)
+        tl.store(out + j, pair.to(out.dtype.element_ty), mask=j < 2 * n_bytes)
+
+    def _launch(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize: int, numel: int,
+                dtype: torch.dtype, bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS
+                ) -> torch.Tensor:
+        from torch.library import wrap_triton
+
+        out = torch.empty(numel, dtype=dtype, device=packed.device)
+        nested = absmax_code is not None
+        if not nested:  # unused pointers: any tensor of the right device
+            absmax_code, absmax_scale, offset = code, code, code
+        n_bytes = numel // 2
+        grid = (triton.cdiv(n_bytes, bytes_per_program),)
+        wrap_triton(_dequantize_kernel)[grid](packed, absmax, code, absmax_code, absmax_scale, offset, out, n_bytes,
+                                              HALF_BLOCK=blocksize // 2, NESTED_BLOCK=256, NESTED=nested,
+                                              BYTES=bytes_per_program, num_warps=num_warps)
+        return out
+
+    @torch.library.triton_op("tunebench::dequantize_4bit", mutates_args=())
+    def _dequantize_4bit(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
+                         absmax_code: torch.Tensor | None, absmax_scale: torch.Tensor | None,
+                         offset: torch.Tensor | None, blocksize: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return _launch(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, numel, dtype)
+
+    @torch.library.triton_op("tunebench::dequantize_4bit_again", mutates_args=())
+    def _dequantize_4bit_again(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
+                               absmax_code: torch.Tensor | None, absmax_scale: torch.Tensor | None,
+                               offset: torch.Tensor | None, blocksize: int, numel: int,
+                               dtype: torch.dtype) -> torch.Tensor:
+        return _launch(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, numel, dtype)
+
+
+def dequantize(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int,
+               shape: tuple[int, ...], dtype: torch.dtype, absmax_code: torch.Tensor | None = None,
+               absmax_scale: torch.Tensor | None = None, offset: torch.Tensor | None = None,
+               again: bool = False) -> torch.Tensor:
+    """`nf4.dequantize`'s signature and values, as one kernel (needs `available(packed)`)."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    op = torch.ops.tunebench.dequantize_4bit_again if again else torch.ops.tunebench.dequantize_4bit
+    return op(packed.reshape(-1), absmax, code, absmax_code, absmax_scale, offset, blocksize, numel,
+              dtype).view(shape)
