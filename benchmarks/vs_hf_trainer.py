@@ -22,7 +22,8 @@ both sides use fused AdamW (Trainer's adamw_torch_fused).
 `ckpt+mm` (checkpointed blocks keep their matmuls' outputs: `ckpt_keep: matmuls`), `ckpt/2` (every other block),
 `none` (no checkpointing), `ckpt+mm/fused` (`ckpt+mm` with fused AdamW, whatever the HF side's optimizer),
 `ckpt+off` and `ckpt+mm+off` (those with `offload: activations`); each with `/apart` added runs the LoRA
-layers sharing an input (q/k/v, gate/up) one by one as peft does (`lora_fused: false`); and any with `/ops`
+layers sharing an input (q/k/v, gate/up) one by one as peft does (`lora_fused: false`); `/flash` runs SDPA's
+flash kernel first (`attn_kernel: flash`; the default takes cuDNN's on Hopper); and any with `/ops`
 added dequantizes 4-bit weights as before the Triton kernel (`TUNEBENCH_NF4_KERNEL=0`: inductor's kernel for the
 torch ops; blocks checkpointed whole keep bitsandbytes' layers either way).
 `--profile V` adds, for each variant V named, the GPU time per step by kind of kernel and the share of the step
@@ -60,6 +61,8 @@ VARIANTS = {"ckpt": dict(grad_ckpt=True), "ckpt+mm": dict(grad_ckpt=True, ckpt_k
             "ckpt+mm+off": dict(grad_ckpt=True, ckpt_keep="matmuls", offload="activations")}
 # each of those with the LoRA siblings (q/k/v, gate/up) run apart, as peft runs them (lora_fused: false)
 VARIANTS |= {f"{name}/apart": dict(options, lora_fused=False) for name, options in list(VARIANTS.items())}
+# each of those with SDPA's flash kernel first (attn_kernel: flash; auto takes cuDNN's on Hopper)
+VARIANTS |= {f"{name}/flash": dict(options, attn_kernel="flash") for name, options in list(VARIANTS.items())}
 # each of those with the 4-bit dequantization as before its Triton kernel (TUNEBENCH_NF4_KERNEL=0)
 VARIANTS |= {f"{name}/ops": options for name, options in list(VARIANTS.items())}
 

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 GIB = 1024**3
 SIDES = ("plain", "plain-compile", "plain-nodrop", "plain-compile-nodrop", "ours", "ours-blocks", "ours-model",
-         "ours-pure", "ours-blocks-pure", "ours-model-pure")  # -pure: precision bf16-pure (bf16 weights, no autocast)
+         "ours-pure", "ours-blocks-pure", "ours-model-pure",  # -pure: precision bf16-pure (bf16 weights, no autocast)
+         "ours-model-flash", "ours-model-pure-flash")  # -flash: SDPA's flash kernel first (attn_kernel: flash)
 VOCAB, LAYERS, HIDDEN, HEADS = 50257, 12, 768, 12
 
 
@@ -127,8 +128,11 @@ def _cfg(a: argparse.Namespace, scope: str | None, precision: str = "bf16"):
 def side_ours(a: argparse.Namespace, side: str) -> dict:
     from tunebench import run
 
-    scope = side.removeprefix("ours").removesuffix("-pure").removeprefix("-") or None
-    cfg = _cfg(a, scope, "bf16-pure" if side.endswith("-pure") else "bf16")
+    kind = side.removesuffix("-flash")
+    scope = kind.removeprefix("ours").removesuffix("-pure").removeprefix("-") or None
+    cfg = _cfg(a, scope, "bf16-pure" if kind.endswith("-pure") else "bf16")
+    if side.endswith("-flash"):
+        cfg = cfg.model_copy(update={"attn_kernel": "flash"})
     rec = run(cfg)
     m = rec.metrics
     out = {"side": side, "status": rec.status, "error": rec.error, "compile_s": m.compile_s,
@@ -167,13 +171,18 @@ def _our_step(cfg) -> Callable[[], object]:
     """The same step `run` times, built from the runner's pieces so that the profiler can wrap it."""
     from tunebench.dist import SINGLE
     from tunebench.engine.data import SyntheticTokens
-    from tunebench.engine.step import optimizer_step_fn
+    from tunebench.engine.step import attention_kernels, optimizer_step_fn
     from tunebench.runner import Outcome, build_trainable, preflight
 
     plan = preflight(cfg)
     t = build_trainable(plan, Outcome(), SINGLE)
     data = SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, plan.device, cfg.seed)
-    return optimizer_step_fn(t.ts, data, plan.cfg, plan.device, SINGLE)
+    step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, SINGLE)
+
+    def with_kernels() -> object:  # as the runner's loop runs it
+        with attention_kernels(plan.cfg, plan.device):
+            return step()
+    return with_kernels
 
 
 def _category(name: str) -> str:

@@ -35,7 +35,7 @@ from tunebench.engine.recompute import (
     no_input_grads,
     recomputed_share,
 )
-from tunebench.engine.step import TrainStep, optimizer_step_fn
+from tunebench.engine.step import TrainStep, attention_kernels, optimizer_step_fn
 from tunebench.environment import environment
 from tunebench.errors import UserError, invalid, require
 from tunebench.methods import apply_method, check_targets
@@ -225,8 +225,9 @@ def _train(plan: Plan, out: Outcome, started: float, progress: ProgressFn | None
     data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
     step = optimizer_step_fn(t.ts, data, cfg, device, ctx)
     out.setup_s = time.perf_counter() - started
-    out.loop = run_loop(step, LoopSpec(cfg.steps, cfg.warmup, fault=cfg.fault, max_step_s=cfg.max_step_s), device,
-                        progress if ctx.is_main else None, ctx, telemetry_for(plan))
+    with attention_kernels(cfg, device):
+        out.loop = run_loop(step, LoopSpec(cfg.steps, cfg.warmup, fault=cfg.fault, max_step_s=cfg.max_step_s),
+                            device, progress if ctx.is_main else None, ctx, telemetry_for(plan))
 
 
 def execute(plan: Plan, progress: ProgressFn | None = None, started: float | None = None, ctx: DistContext = SINGLE,

@@ -62,6 +62,12 @@ class RunConfig(BaseModel):
                              "attention (op-level selective: only the elementwise ops run again)",
         json_schema_extra=LATER)
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
+    attn_kernel: Literal["auto", "flash", "cudnn", "efficient"] = Field(
+        "auto", description="with attn=sdpa, training: the kernel SDPA tries first (it falls back to the next one "
+                            "that takes the inputs). auto: PyTorch's own order (flash first). cudnn: 1.45x flash's "
+                            "forward + backward alone on an H200, no faster in whole steps measured there (GPT-2 "
+                            "small, Mistral-7B QLoRA)",
+        json_schema_extra=LATER)
     compile: bool | Literal["auto"] = Field(
         "auto", description="torch.compile the model (compile time is reported apart, never in the timed steps); "
                             "auto: on for GPU training with enough work per block, off on the CPU and under zero3 "

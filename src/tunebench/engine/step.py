@@ -8,7 +8,7 @@ autocast, the fp16 grad scaler, accumulation without gradient sync, clipping and
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,6 +42,31 @@ def autocast(cfg: RunConfig, device: torch.device) -> contextlib.AbstractContext
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def attention_kernels(cfg: RunConfig, device: torch.device) -> Iterator[None]:
+    """SDPA's kernels in the order `attn_kernel` says, every backend still allowed (one that cannot take the
+    inputs passes them to the next). Entered around the whole loop: a checkpoint's recompute in backward must pick
+    the kernel the forward picked (their saved tensors differ), and compile's tracing fixes it in the graph. The
+    order also tags compile's caches, whose keys do not include it (a graph traced with one kernel was found
+    reused for the other across processes). auto leaves PyTorch's order: cuDNN's kernel alone is faster on an
+    H200 (0.44 against flash's 0.64 ms forward + backward for a Mistral-7B layer at 4,096 tokens, 0.70 against
+    1.01 for GPT-2's at 16,384; benchmarks/kernels_vs.py), but whole steps measured no faster with it (GPT-2
+    small compiled whole, Mistral-7B QLoRA without checkpointing and keeping matmuls: within 0.1%)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    first = cfg.attn_kernel
+    if cfg.attn != "sdpa" or first == "auto" or device.type != "cuda":
+        yield
+        return
+    order = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    rest = [b for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                        SDPBackend.MATH) if b != order[first]]
+    with sdpa_kernel([order[first], *rest], set_priority=True), \
+            torch.compiler.config.patch(cache_key_tag=f"sdpa-{first}-first"):
+        yield
 
 
 def torch_step(module: torch.nn.Module, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,

@@ -22,7 +22,7 @@ from tunebench.dist import SINGLE, DistContext
 from tunebench.engine import checkpoint
 from tunebench.engine.loop import LoopSpec, run_loop
 from tunebench.engine.schedule import scheduler
-from tunebench.engine.step import optimizer_step_fn
+from tunebench.engine.step import attention_kernels, optimizer_step_fn
 from tunebench.metrics.flops import peak_flops
 from tunebench.preflight import Plan
 from tunebench.record import JobFigures, ResultRecord
@@ -86,13 +86,14 @@ def _run(plan: Plan, inputs: JobInputs, out: Outcome, started: float, ctx: DistC
                        out.flops.model if out.flops else None,
                        peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None,
                        _trackers(cfg, ctx), state)
-    if hooks.eval_data is not None and start == 0:
-        hooks.evaluate(0)  # where the loss starts: the curve's first point
-    out.setup_s = time.perf_counter() - started
-    warmup = min(cfg.warmup, max(0, (inputs.total - start) // 2))
     try:
-        out.loop = run_loop(step, LoopSpec(inputs.total, warmup, start, cfg.fault), device, None, ctx,
-                            telemetry_for(plan), hooks)
+        with attention_kernels(cfg, device):  # the benchmark's kernels, evaluation included
+            if hooks.eval_data is not None and start == 0:
+                hooks.evaluate(0)  # where the loss starts: the curve's first point
+            out.setup_s = time.perf_counter() - started
+            warmup = min(cfg.warmup, max(0, (inputs.total - start) // 2))
+            out.loop = run_loop(step, LoopSpec(inputs.total, warmup, start, cfg.fault), device, None, ctx,
+                                telemetry_for(plan), hooks)
     finally:
         stop.restore()
         if hooks.trackers:
