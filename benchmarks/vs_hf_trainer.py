@@ -20,6 +20,7 @@ both sides use fused AdamW (Trainer's adamw_torch_fused).
 
 `--ours` runs tunebench several ways against the same HF run: `ckpt` (every block checkpointed, as HF),
 `ckpt+mm` (checkpointed blocks keep their matmuls' outputs: `ckpt_keep: matmuls`), `ckpt/2` (every other block),
+`ckpt+mm1/N` (one block in N keeping its matmuls, the others their input: `ckpt_keep_every`),
 `none` (no checkpointing), `ckpt+mm/fused` (`ckpt+mm` with fused AdamW, whatever the HF side's optimizer),
 `ckpt+off` and `ckpt+mm+off` (those with `offload: activations`); each with `/apart` added runs the LoRA
 layers sharing an input (q/k/v, gate/up) one by one as peft does (`lora_fused: false`); `/flash` runs SDPA's
@@ -59,6 +60,8 @@ VARIANTS = {"ckpt": dict(grad_ckpt=True), "ckpt+mm": dict(grad_ckpt=True, ckpt_k
             # what the forward saves for backward held in pinned host memory (offload: activations)
             "ckpt+off": dict(grad_ckpt=True, offload="activations"),
             "ckpt+mm+off": dict(grad_ckpt=True, ckpt_keep="matmuls", offload="activations")}
+# one checkpointed block in N keeping its matmuls, the others only their input (ckpt_keep_every: N)
+VARIANTS |= {f"ckpt+mm1/{n}": dict(grad_ckpt=True, ckpt_keep="matmuls", ckpt_keep_every=n) for n in (2, 3, 4, 5, 6, 8)}
 # each of those with the LoRA siblings (q/k/v, gate/up) run apart, as peft runs them (lora_fused: false)
 VARIANTS |= {f"{name}/apart": dict(options, lora_fused=False) for name, options in list(VARIANTS.items())}
 # each of those with SDPA's flash kernel first (attn_kernel: flash; auto takes cuDNN's on Hopper)

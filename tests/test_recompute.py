@@ -80,6 +80,46 @@ def test_keeping_matmuls_compiled_trains_as_eager():
     assert compiled.metrics.losses == pytest.approx(eager.metrics.losses, rel=1e-4)
 
 
+def test_keeping_matmuls_in_one_checkpointed_block_of_n():
+    """ckpt_keep_every=2: the first of tiny-llama's two blocks keeps its matmuls, the second recomputes its
+    forward: half of full recompute's extra matmuls, the same training, the planner between the two."""
+    from tunebench.engine.model import transformer_blocks
+    from tunebench.engine.recompute import checkpointed_whole, keeps_matmuls
+    from tunebench.gpus import match
+    from tunebench.plan import predict
+
+    none = _backward_matmuls(method="full")
+    half = _backward_matmuls(method="full", grad_ckpt=True, ckpt_keep="matmuls", ckpt_keep_every=2)
+    whole = _backward_matmuls(method="full", grad_ckpt=True)
+    assert half - none == (whole - none) / 2 > 0
+    plan = preflight(RunConfig(**BASE, grad_ckpt=True, ckpt_keep="matmuls", ckpt_keep_every=2))
+    blocks = transformer_blocks(build_trainable(plan, Outcome(), SINGLE).model, plan.spec.num_layers)
+    assert [(keeps_matmuls(b), checkpointed_whole(b)) for b in blocks] == [(True, False), (False, True)]
+    base = run(RunConfig(**BASE))
+    partial = run(RunConfig(**BASE, grad_ckpt=True, ckpt_keep="matmuls", ckpt_keep_every=2))
+    assert partial.status == "ok", partial.error
+    assert partial.metrics.losses == pytest.approx(base.metrics.losses, rel=1e-5)
+    assert label(partial).endswith("ckpt+mm/2")
+    # the planner: memory and speed between keeping every block's matmuls and none (Mistral-7B QLoRA, 32 blocks)
+    gpu, q = match("H200"), dict(model="mistral-7b", method="qlora", seq_len=512, batch_size=8, grad_ckpt=True,
+                                  compile=True, optimizer="paged_adamw_8bit")
+    p = [predict(RunConfig(**q, **k), gpu) for k in ({}, dict(ckpt_keep="matmuls", ckpt_keep_every=4),
+                                                     dict(ckpt_keep="matmuls", ckpt_keep_every=2),
+                                                     dict(ckpt_keep="matmuls"))]
+    peaks = [x.mem.peak_allocated for x in p]
+    assert peaks == sorted(peaks) and len(set(peaks)) == 4
+    speeds = [x.tokens_per_s for x in p]
+    assert speeds == sorted(speeds) and len(set(speeds)) == 4
+    # one block in four keeps (8 of 32): a quarter of the way, in memory, from recomputing all to keeping all
+    assert peaks[1] - peaks[0] == pytest.approx((peaks[3] - peaks[0]) / 4, rel=0.05)
+
+
+def test_keeping_matmuls_in_one_block_of_n_needs_keeping_matmuls():
+    with pytest.raises(ValueError, match="ckpt_keep_every=2 .* needs ckpt_keep=matmuls"):
+        RunConfig(grad_ckpt=True, ckpt_keep_every=2)
+    assert RunConfig().config_hash() == RunConfig(ckpt_keep_every=1).config_hash()
+
+
 def test_keeping_matmuls_needs_checkpointing():
     with pytest.raises(ValueError, match="ckpt_keep=matmuls .* needs grad_ckpt"):
         RunConfig(ckpt_keep="matmuls")

@@ -66,7 +66,8 @@ def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None 
         return "hw " + ",".join(c.get("sections", []))
     world = f" x{world_size}" if world_size else ""
     every = c.get("ckpt_every", 1)
-    keep = "+mm" if c.get("ckpt_keep") == "matmuls" else ""
+    keep_every = c.get("ckpt_keep_every", 1)
+    keep = ("+mm" + (f"/{keep_every}" if keep_every > 1 else "")) if c.get("ckpt_keep") == "matmuls" else ""
     extras = (" ckpt" + (f"/{every}" if every > 1 else "") + keep) * bool(c.get("grad_ckpt"))
     extras += " compile" * (c.get("compile") is True if compiled is None else bool(compiled))
     return (f"{c['model']} {c['method']} {c.get('strategy', 'single')}{world} "

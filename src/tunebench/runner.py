@@ -178,7 +178,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
         ckpt_blocks = transformer_blocks(model, spec.num_layers)
         checkpoint_every(ckpt_blocks, cfg.ckpt_every)
         if cfg.ckpt_keep == "matmuls":
-            keep_matmuls(ckpt_blocks)
+            keep_matmuls(ckpt_blocks, cfg.ckpt_keep_every)
     model = apply_method(model, cfg)
     if cfg.grad_ckpt and cfg.method != "full":
         no_input_grads(unwrap(model).get_input_embeddings())

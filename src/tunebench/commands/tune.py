@@ -49,7 +49,8 @@ def settings_from(args: argparse.Namespace):
                                                                                     get_args(Optimizer), "optimizers"),
                   seq_lens=_ints(args.seq_lens, "seq_lens"),
                   compile=(base.compile,) if "compile" in fixed else (False, True),
-                  checkpointing=((base.grad_ckpt, base.ckpt_every, base.ckpt_keep),) if "checkpointing" in fixed
+                  checkpointing=((base.grad_ckpt, base.ckpt_every, base.ckpt_keep, base.ckpt_keep_every),)
+                  if "checkpointing" in fixed
                   else CHECKPOINTING,
                   float8=(base.float8,) if "float8" in fixed else (),
                   batches=(base.batch_size,) if "batch" in fixed else (),

@@ -70,11 +70,12 @@ def _checkpointed(forward: Callable, context: Callable) -> Callable:
     return run
 
 
-def keep_matmuls(blocks: nn.ModuleList) -> None:
-    """Turn each checkpointed block into one that also keeps its matmuls' and attention's outputs."""
+def keep_matmuls(blocks: nn.ModuleList, every: int = 1) -> None:
+    """Turn one checkpointed block in `every` (the 1st, (every+1)th, ... of them) into one that also keeps its
+    matmuls' and attention's outputs; the others keep only their input."""
     context = functools.partial(create_selective_checkpoint_contexts, _policy)
-    for block in blocks:
-        if checkpointed_whole(block):
+    for k, block in enumerate([b for b in blocks if checkpointed_whole(b)]):
+        if k % every == 0:
             block.gradient_checkpointing = False  # Hugging Face's whole-block checkpoint off; ours goes inside
             block.forward = _checkpointed(block.forward, context)
             block.keeps_matmuls = True

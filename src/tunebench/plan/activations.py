@@ -123,12 +123,14 @@ def activations(w: Workload) -> Activations:
     matmuls = 0.0
     if w.cfg.ckpt_keep == "matmuls":  # unfused QLoRA (Workload.keeps_matmuls): attention's and adapters' outputs
         matmuls = (_matmul_outputs(w) if w.keeps_matmuls else _attention_output(w)) + _adapters(w)
-    kept = share * (w.residual_bytes * h + matmuls) + (1 - share) * block
+    kept = share * w.residual_bytes * h + w.kept_share * matmuls + (1 - share) * block
     final_norm = (10 if w.residual_bytes == 4 else 8) * h
     outside = final_norm + w.compute_bytes * h  # the final norm, and the loss's gradient for the hidden states
     kept_what = "its matmuls' outputs" if w.keeps_matmuls else "attention's output (the 4-bit matmuls rerun)"
     note = (f"checkpointing: each block keeps its input and {kept_what}; the rest is rebuilt in backward"
-            if share == 1 and matmuls else
+            if share == 1 and w.kept_share == 1 and matmuls else
+            f"checkpointing: each block keeps its input, one in {w.cfg.ckpt_keep_every} also {kept_what}; the rest "
+            "is rebuilt in backward" if share == 1 and matmuls else
             "checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
             if share == 1 else "every block keeps its activations until backward" if share == 0 else
             f"checkpointing one block in {w.cfg.ckpt_every}: those keep their input, the others everything")

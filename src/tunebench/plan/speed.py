@@ -79,14 +79,14 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     passes = 2 + share  # passes over the weights: forward, backward, recompute (4-bit weights dequantized again)
     blocks = c.block_linears * (6 if w.full else 4) + 2 * c.block_linears * again
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
-    kept = w.cfg.ckpt_keep == "matmuls"  # attention and the adapters' first factor kept
-    adapters = w.lora_params * (6 + (share if kept else 2 * share))  # kept: only the up-projections rerun
+    kept = w.kept_share  # blocks keeping attention and the adapters' first factor: only the up-projections rerun
+    adapters = w.lora_params * (6 + kept + 2 * (share - kept))
     ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens)
     # float8: the blocks' GEMMs (not the head's) at float8's effective speedup, its casts included
     gemm = (blocks / FLOAT8_GEMM_SPEEDUP.get(cfg.float8, 1.0) + head) * tokens / ceiling
     gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
     q = s.num_heads * s.head_dim
-    attention = 2 * cfg.seq_len * q * w.layers * (3.5 + (0 if kept else share)) * tokens
+    attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share - kept) * tokens
     act = activations(w)
     # backward moves about twice the forward's bytes; a recompute adds one forward
     traffic = 2 * (1 + share / 3)

@@ -57,10 +57,20 @@ class Workload:
         return -(-self.layers // self.cfg.ckpt_every) / self.layers
 
     @property
+    def kept_share(self) -> float:
+        """Checkpointed blocks under ckpt_keep=matmuls' policy (one in ckpt_keep_every of the checkpointed ones,
+        engine.recompute.keep_matmuls): they keep attention's and the adapters' outputs, and their matmuls'
+        where `keeps_matmuls`."""
+        if self.cfg.ckpt_keep != "matmuls" or not self.cfg.grad_ckpt:
+            return 0.0
+        checkpointed = -(-self.layers // self.cfg.ckpt_every)
+        return -(-checkpointed // self.cfg.ckpt_keep_every) / self.layers
+
+    @property
     def recomputed_share(self) -> float:
-        """Blocks whose matmuls run again in backward: the checkpointed ones, unless they keep their matmuls'
-        outputs (ckpt_keep=matmuls: only the elementwise ops between them run again)."""
-        return 0.0 if self.keeps_matmuls else self.checkpointed_share
+        """Blocks whose matmuls run again in backward: the checkpointed ones, but for those that keep their
+        matmuls' outputs (ckpt_keep=matmuls: only the elementwise ops between them run again)."""
+        return self.checkpointed_share - (self.kept_share if self.keeps_matmuls else 0.0)
 
     @property
     def keeps_matmuls(self) -> bool:

@@ -1,11 +1,11 @@
 """What `tunebench tune` may change, and every configuration that results.
 
 A *structure* fixes everything but the micro-batch: strategy and world size, checkpointing (none, every block
-keeping its matmuls' outputs, every other block, every block), compile, optimizer, float8 (full fine-tunes on
-GPUs with float8 tensor cores, where torchao is installed; not under DeepSpeed), and the sequence length when
-the user lets it change (it changes the workload). Micro-batches are powers of two; with a global batch held,
-the gradient accumulation follows (batch x accumulation x GPUs = global batch) and batches that do not divide
-it are left out.
+keeping its matmuls' outputs, one block in four keeping them, every other block, every block), compile,
+optimizer, float8 (full fine-tunes on GPUs with float8 tensor cores, where torchao is installed; not under
+DeepSpeed), and the sequence length when the user lets it change (it changes the workload). Micro-batches are
+powers of two; with a global batch held, the gradient accumulation follows (batch x accumulation x GPUs = global
+batch) and batches that do not divide it are left out.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from tunebench.config import BNB_OPTIMIZERS, RunConfig
 from tunebench.errors import UserError
 from tunebench.strategies import STRATEGIES
 
-# (grad_ckpt, ckpt_every, ckpt_keep): none, op-level selective (matmuls kept), every other block, full
-CHECKPOINTING = ((False, 1, "input"), (True, 1, "matmuls"), (True, 2, "input"), (True, 1, "input"))
+# (grad_ckpt, ckpt_every, ckpt_keep, ckpt_keep_every): none, op-level selective (matmuls kept), one block in four
+# keeping its matmuls and the others recomputed (between the two, for a memory bound), every other block, full
+CHECKPOINTING = ((False, 1, "input", 1), (True, 1, "matmuls", 1), (True, 1, "matmuls", 4), (True, 2, "input", 1),
+                 (True, 1, "input", 1))
 COMPILE_WORD = {True: " compile", "auto": " compile:auto", False: ""}
 LEVERS = ("strategy", "checkpointing", "compile", "optimizer", "float8", "batch")  # what --fixed can hold
 MAX_BATCH = 1024
@@ -31,7 +33,7 @@ class Space:
     optimizers: tuple[str, ...] = ()  # empty: the config's own and adamw_fused
     seq_lens: tuple[int, ...] = ()  # empty: the config's own (the workload stays as given)
     compile: tuple[bool | str, ...] = (False, True)  # "auto" where the config fixes it so
-    checkpointing: tuple[tuple[bool, int, str], ...] = CHECKPOINTING
+    checkpointing: tuple[tuple[bool, int, str, int], ...] = CHECKPOINTING
     batches: tuple[int, ...] = ()  # empty: powers of two up to max_batch
     global_batch: int | None = None  # samples per optimizer step, held across candidates
     max_batch: int = MAX_BATCH
@@ -40,7 +42,8 @@ class Space:
     notes: list[str] = field(default_factory=list, compare=False)
 
     def __post_init__(self) -> None:  # (grad_ckpt, ckpt_every) alone: the block keeps its input only
-        object.__setattr__(self, "checkpointing", tuple((*c, "input")[:3] for c in self.checkpointing))
+        object.__setattr__(self, "checkpointing", tuple((*c, "input", 1)[:4] if len(c) < 3 else (*c, 1)[:4]
+                                                        for c in self.checkpointing))
 
     def as_dict(self) -> dict:
         return {"worlds": list(self.worlds), "strategies": list(self.strategies), "optimizers": list(self.optimizers),
@@ -104,13 +107,13 @@ def structures(base: RunConfig, space: Space) -> list[RunConfig]:
                 continue  # one GPU runs single; sharding or replicating over one GPU only adds overhead
             if strategy == "single" and world > 1:
                 continue
-            for opt, seq, comp, (ckpt, every, keep), f8 in itertools.product(
+            for opt, seq, comp, (ckpt, every, keep, keep_every), f8 in itertools.product(
                     _optimizers(base, space, strategy), seq_lens, space.compile, space.checkpointing,
                     _float8(base, space, strategy, world)):
                 out.append(base.model_copy(update={
                     "strategy": strategy, "nproc_per_node": None if strategy == "single" else world // base.nnodes,
                     "optimizer": opt, "seq_len": seq, "compile": comp, "grad_ckpt": ckpt, "ckpt_every": every,
-                    "ckpt_keep": keep, "float8": f8}))
+                    "ckpt_keep": keep, "ckpt_keep_every": keep_every, "float8": f8}))
     if not out:
         raise UserError("nothing to tune: no strategy accepts this configuration at the world sizes asked")
     return out
@@ -142,6 +145,7 @@ def batches(space: Space) -> list[int]:
 def describe(cfg: RunConfig) -> str:
     """A candidate's name: its levers in a few words."""
     ckpt = "no ckpt" if not cfg.grad_ckpt else ("ckpt" if cfg.ckpt_every == 1 else f"ckpt 1/{cfg.ckpt_every}")
-    ckpt += "+mm" if cfg.ckpt_keep == "matmuls" else ""
+    ckpt += ("+mm" + (f"/{cfg.ckpt_keep_every}" if cfg.ckpt_keep_every > 1 else "")) if cfg.ckpt_keep == "matmuls" \
+        else ""
     return (f"{cfg.strategy} x{world_of(cfg)} b{cfg.batch_size}x{cfg.grad_accum} s{cfg.seq_len} {ckpt}"
             f"{COMPILE_WORD[cfg.compile]} {cfg.optimizer}" + ("" if cfg.float8 == "off" else f" float8:{cfg.float8}"))
