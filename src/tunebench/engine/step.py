@@ -8,6 +8,7 @@ autocast, the fp16 grad scaler, accumulation without gradient sync, clipping and
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from tunebench.config import RunConfig
 from tunebench.dist import SINGLE, DistContext
 from tunebench.engine.data import Batch
 from tunebench.engine.offload import activation_offload
+from tunebench.errors import UserError
 
 MicroFn = Callable[[Batch, bool], torch.Tensor]
 
@@ -64,6 +66,8 @@ def attention_kernels(cfg: RunConfig, device: torch.device) -> Iterator[None]:
              "efficient": SDPBackend.EFFICIENT_ATTENTION}
     rest = [b for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
                         SDPBackend.MATH) if b != order[first]]
+    if "set_priority" not in inspect.signature(sdpa_kernel).parameters:
+        raise UserError(f"attn_kernel={first} needs torch >= 2.6 (SDPA's kernel order); this is {torch.__version__}")
     with sdpa_kernel([order[first], *rest], set_priority=True), \
             torch.compiler.config.patch(cache_key_tag=f"sdpa-{first}-first"):
         yield

@@ -22,7 +22,8 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError:  # CPU-only installs: models.nf4 falls back to its torch ops
+    from torch.library import triton_op, wrap_triton  # torch >= 2.6
+except ImportError:  # CPU-only installs, or an older torch: models.nf4 falls back to its torch ops
     triton = None
 
 BYTES_PER_PROGRAM = 2048  # 4,096 output elements per program (measured best of 512-4096 on an H200)
@@ -68,8 +69,6 @@ if triton is not None:
     def _launch(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize: int, numel: int,
                 dtype: torch.dtype, bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS
                 ) -> torch.Tensor:
-        from torch.library import wrap_triton
-
         out = torch.empty(numel, dtype=dtype, device=packed.device)
         nested = absmax_code is not None
         if not nested:  # unused pointers: any tensor of the right device
@@ -81,13 +80,13 @@ if triton is not None:
                                               BYTES=bytes_per_program, num_warps=num_warps)
         return out
 
-    @torch.library.triton_op("tunebench::dequantize_4bit", mutates_args=())
+    @triton_op("tunebench::dequantize_4bit", mutates_args=())
     def _dequantize_4bit(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
                          absmax_code: torch.Tensor | None, absmax_scale: torch.Tensor | None,
                          offset: torch.Tensor | None, blocksize: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return _launch(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, numel, dtype)
 
-    @torch.library.triton_op("tunebench::dequantize_4bit_again", mutates_args=())
+    @triton_op("tunebench::dequantize_4bit_again", mutates_args=())
     def _dequantize_4bit_again(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
                                absmax_code: torch.Tensor | None, absmax_scale: torch.Tensor | None,
                                offset: torch.Tensor | None, blocksize: int, numel: int,
