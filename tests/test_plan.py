@@ -25,9 +25,6 @@ PADDED_LOSS_SINCE = "2026-11-22T03:40"  # GPU runs from then on pad GPT-2's 50,2
 FUSED_4BIT_SINCE = "2026-11-22T13:45"  # QLoRA blocks keeping matmuls keep the 4-bit ones too (models.nf4) from then
 # the loss's softmax compiled on GPUs from then (engine.loss): before, it held 12 bytes per logit of a chunk
 LOSS_COMPILED_SINCE = "2026-11-22T15:35"
-# compiled QLoRA dequantizes with one Triton kernel (models.nf4_kernel) from then: its runs are 11-19% faster than
-# the planner's constants, fitted before it; shown, their memory held to the goal, until the speed is refitted
-NF4_KERNEL_SINCE = "2026-11-22T21:00"
 plan_memory = importlib.import_module("tunebench.plan.memory")  # the module (the package exports its function)
 
 
@@ -78,10 +75,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         # 36% slower than in a full run); their throughput is shown, not held to the goal
         short = "tune" in r.tags and r.config["warmup"] < 5
         cold += short
-        kernel = (r.config["method"] == "qlora" and r.metrics.compile_scope is not None
-                  and r.created_at >= NF4_KERNEL_SINCE)
-        apart += kernel
-        if not short and not whole and not kernel:
+        if not short and not whole:
             tps_err.append(abs(et))
         c = r.config
         compiled = r.metrics.compile_scope or c["compile"] is True  # records before compile_scope: the flag
@@ -95,15 +89,14 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
                      f"{'  (before the 4-bit layers kept their matmuls)' if before else ''}"
                      f"{'  (not modelled: whole-model compile, padded GPT-2 loss)' if whole and not before else ''}"
                      f"{'  (QLoRA under ZeRO-3: memory not modelled)' if zero3_qlora else ''}"
-                     f"{'  (the Triton 4-bit kernel: speed constants predate it)' if kernel else ''}"
                      f"{'  (float8: memory predicted as bf16)' if float8 else ''}")
     within_mem = sum(e <= MEMORY_GOAL for e in mem_err)
     within_tps = sum(e <= SPEED_GOAL for e in tps_err)
     with capsys.disabled():
         print(f"\nplanner vs {len(runs)} GPU runs in benchmarks/data: peak memory within 5% on {within_mem} of {len(mem_err)}, "
               f"tokens/s within 15% on {within_tps} of {len(tps_err)} ({cold} short tune trials and {apart} whole-model "
-              "compiled, padded-loss GPT-2, earlier QLoRA-keeping-matmuls and Triton-dequantized QLoRA runs shown "
-              "apart; float8 and ZeRO-3 QLoRA memory too)")
+              "compiled, padded-loss GPT-2 and earlier QLoRA-keeping-matmuls runs shown apart; float8 and ZeRO-3 QLoRA "
+              "memory too)")
         print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
     assert within_mem >= 0.9 * len(mem_err)

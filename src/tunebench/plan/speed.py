@@ -10,7 +10,7 @@
   optimizer    ~118 bytes moved per trained parameter (AdamW with clipping: measured, fused or foreach);
                offload=optimizer: DeepSpeed's CPU Adam on the host's cores shared by the node's GPUs, and the
                gradients' and weights' copies over PCIe, after backward
-  host         Python per block and micro-batch (hooks of FSDP2 and ZeRO-3, peft and bitsandbytes calls):
+  host         Python per block and micro-batch (hooks of FSDP2 and ZeRO-3, peft's calls when not compiled):
                the step takes the longer of the GPU's work and the host's, and a little of the shorter
                (launch gaps)
   network      the strategy's collectives at the measured bus bandwidth, the part not hidden behind compute,
@@ -108,7 +108,9 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
 def _host(w: Workload) -> float:
     # a block keeping its matmuls reruns its elementwise ops inside its compiled backward: no extra calls
     passes = 2 + w.recomputed_share
-    per_adapter = HOST_PER_ADAPTER + (HOST_PER_ADAPTER_ZERO3 if w.strategy.name == "zero3" else 0.0)
+    # compiled blocks trace peft's per-adapter Python into their graph: no host calls per adapter left
+    eager = 0.0 if w.cfg.compile is True else HOST_PER_ADAPTER
+    per_adapter = eager + (HOST_PER_ADAPTER_ZERO3 if w.strategy.name == "zero3" else 0.0)
     per_block = HOST_PER_BLOCK[w.strategy.name] + len(w.targets) * per_adapter * passes
     return w.cfg.grad_accum * w.layers * per_block
 
