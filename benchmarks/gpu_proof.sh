@@ -58,7 +58,7 @@
 #                                          #   (OURS=..., variants with /ops: TUNEBENCH_NF4_KERNEL=0; NAME=, PROFILE=)
 #   bash benchmarks/gpu_proof.sh attnk     # SDPA's backends timed on Mistral-7B's and GPT-2's attention shapes
 #   bash benchmarks/gpu_proof.sh attngpt   # cuDNN's SDPA first: its GPU tests, GPT-2 vs plain compile with it and without
-#                                          #   (Mistral-7B: OURS=none,none/flash bash benchmarks/gpu_proof.sh dequant7b)
+#                                          #   (Mistral-7B: OURS=none/cudnn,none bash benchmarks/gpu_proof.sh dequant7b)
 #   bash benchmarks/gpu_proof.sh x2off     # 2 GPUs: activation offload under DDP (Llama-3.2-1B LoRA, with and without);
 #                                          #   Llama-3-8B FSDP2 without checkpointing vs the plain script (the compiled loss)
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
@@ -420,7 +420,7 @@ attnk)  # SDPA's backends (flash, memory-efficient, cuDNN) on Mistral-7B's and G
   ;;
 attngpt)  # cuDNN's SDPA first vs flash's: its GPU tests; GPT-2 small whole model vs plain torch.compile (GPU 0)
   CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider tests/test_attn_kernel.py 2>&1 | tail -3
-  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_plain_gpt.py --sides ${SIDES:-plain-compile,ours-model,ours-model-flash} \
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_plain_gpt.py --sides ${SIDES:-plain-compile,ours-model-cudnn,ours-model} \
     --out "$OUT/vs_plain_gpt_attn.json" 2>&1 | tail -n 8
   ;;
 gputests)

@@ -23,8 +23,8 @@ both sides use fused AdamW (Trainer's adamw_torch_fused).
 `ckpt+mm1/N` (one block in N keeping its matmuls, the others their input: `ckpt_keep_every`),
 `none` (no checkpointing), `ckpt+mm/fused` (`ckpt+mm` with fused AdamW, whatever the HF side's optimizer),
 `ckpt+off` and `ckpt+mm+off` (those with `offload: activations`); each with `/apart` added runs the LoRA
-layers sharing an input (q/k/v, gate/up) one by one as peft does (`lora_fused: false`); `/flash` runs SDPA's
-flash kernel first (`attn_kernel: flash`; the default takes cuDNN's on Hopper); and any with `/ops`
+layers sharing an input (q/k/v, gate/up) one by one as peft does (`lora_fused: false`); `/cudnn` runs SDPA's
+cuDNN kernel first (`attn_kernel: cudnn`; the default keeps PyTorch's order, flash first); and any with `/ops`
 added dequantizes 4-bit weights as before the Triton kernel (`TUNEBENCH_NF4_KERNEL=0`: inductor's kernel for the
 torch ops; blocks checkpointed whole keep bitsandbytes' layers either way).
 `--profile V` adds, for each variant V named, the GPU time per step by kind of kernel and the share of the step
@@ -64,8 +64,8 @@ VARIANTS = {"ckpt": dict(grad_ckpt=True), "ckpt+mm": dict(grad_ckpt=True, ckpt_k
 VARIANTS |= {f"ckpt+mm1/{n}": dict(grad_ckpt=True, ckpt_keep="matmuls", ckpt_keep_every=n) for n in (2, 3, 4, 5, 6, 8)}
 # each of those with the LoRA siblings (q/k/v, gate/up) run apart, as peft runs them (lora_fused: false)
 VARIANTS |= {f"{name}/apart": dict(options, lora_fused=False) for name, options in list(VARIANTS.items())}
-# each of those with SDPA's flash kernel first (attn_kernel: flash; auto takes cuDNN's on Hopper)
-VARIANTS |= {f"{name}/flash": dict(options, attn_kernel="flash") for name, options in list(VARIANTS.items())}
+# each of those with SDPA's cuDNN kernel first (attn_kernel: cudnn; auto keeps PyTorch's order, flash first)
+VARIANTS |= {f"{name}/cudnn": dict(options, attn_kernel="cudnn") for name, options in list(VARIANTS.items())}
 # each of those with the 4-bit dequantization as before its Triton kernel (TUNEBENCH_NF4_KERNEL=0)
 VARIANTS |= {f"{name}/ops": options for name, options in list(VARIANTS.items())}
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 GIB = 1024**3
 SIDES = ("plain", "plain-compile", "plain-nodrop", "plain-compile-nodrop", "ours", "ours-blocks", "ours-model",
          "ours-pure", "ours-blocks-pure", "ours-model-pure",  # -pure: precision bf16-pure (bf16 weights, no autocast)
-         "ours-model-flash", "ours-model-pure-flash")  # -flash: SDPA's flash kernel first (attn_kernel: flash)
+         "ours-model-cudnn", "ours-model-pure-cudnn")  # -cudnn: SDPA's cuDNN kernel first (attn_kernel: cudnn)
 VOCAB, LAYERS, HIDDEN, HEADS = 50257, 12, 768, 12
 
 
@@ -128,11 +128,11 @@ def _cfg(a: argparse.Namespace, scope: str | None, precision: str = "bf16"):
 def side_ours(a: argparse.Namespace, side: str) -> dict:
     from tunebench import run
 
-    kind = side.removesuffix("-flash")
+    kind = side.removesuffix("-cudnn")
     scope = kind.removeprefix("ours").removesuffix("-pure").removeprefix("-") or None
     cfg = _cfg(a, scope, "bf16-pure" if kind.endswith("-pure") else "bf16")
-    if side.endswith("-flash"):
-        cfg = cfg.model_copy(update={"attn_kernel": "flash"})
+    if side.endswith("-cudnn"):
+        cfg = cfg.model_copy(update={"attn_kernel": "cudnn"})
     rec = run(cfg)
     m = rec.metrics
     out = {"side": side, "status": rec.status, "error": rec.error, "compile_s": m.compile_s,
