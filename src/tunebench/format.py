@@ -8,6 +8,13 @@ from tunebench.record import ResultRecord, StepTimes
 from tunebench.units import GIB
 
 
+def kept_label(ckpt_keep: str | None, every: int) -> str:
+    """What checkpointed blocks keep, for a run's name: '+mm' (matmuls), '+mm/4' (in one block of 4), or ''."""
+    if ckpt_keep != "matmuls":
+        return ""
+    return "+mm" + (f"/{every}" if every > 1 else "")
+
+
 def fmt(v: float | int | None, spec: str = ",.1f", scale: float = 1.0, unit: str = "") -> str:
     """A number for a table: '-' when it was not measured."""
     return "-" if v is None else f"{v / scale:{spec}}{unit}"
@@ -66,8 +73,7 @@ def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None 
         return "hw " + ",".join(c.get("sections", []))
     world = f" x{world_size}" if world_size else ""
     every = c.get("ckpt_every", 1)
-    keep_every = c.get("ckpt_keep_every", 1)
-    keep = ("+mm" + (f"/{keep_every}" if keep_every > 1 else "")) if c.get("ckpt_keep") == "matmuls" else ""
+    keep = kept_label(c.get("ckpt_keep"), c.get("ckpt_keep_every", 1))
     extras = (" ckpt" + (f"/{every}" if every > 1 else "") + keep) * bool(c.get("grad_ckpt"))
     extras += " compile" * (c.get("compile") is True if compiled is None else bool(compiled))
     return (f"{c['model']} {c['method']} {c.get('strategy', 'single')}{world} "

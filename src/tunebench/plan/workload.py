@@ -50,21 +50,22 @@ class Workload:
         return self.cfg.method == "full"
 
     @property
-    def checkpointed_share(self) -> float:
+    def checkpointed_blocks(self) -> int:
         """Blocks whose forward runs again in backward (runner.checkpoint_every: blocks 0, N, 2N, ...)."""
-        if not self.cfg.grad_ckpt:
-            return 0.0
-        return -(-self.layers // self.cfg.ckpt_every) / self.layers
+        return -(-self.layers // self.cfg.ckpt_every) if self.cfg.grad_ckpt else 0
+
+    @property
+    def checkpointed_share(self) -> float:
+        return self.checkpointed_blocks / self.layers
 
     @property
     def kept_share(self) -> float:
         """Checkpointed blocks under ckpt_keep=matmuls' policy (one in ckpt_keep_every of the checkpointed ones,
         engine.recompute.keep_matmuls): they keep attention's and the adapters' outputs, and their matmuls'
         where `keeps_matmuls`."""
-        if self.cfg.ckpt_keep != "matmuls" or not self.cfg.grad_ckpt:
+        if self.cfg.ckpt_keep != "matmuls":
             return 0.0
-        checkpointed = -(-self.layers // self.cfg.ckpt_every)
-        return -(-checkpointed // self.cfg.ckpt_keep_every) / self.layers
+        return -(-self.checkpointed_blocks // self.cfg.ckpt_keep_every) / self.layers
 
     @property
     def recomputed_share(self) -> float:

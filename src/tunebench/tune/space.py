@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
 from tunebench.errors import UserError
+from tunebench.format import kept_label
 from tunebench.strategies import STRATEGIES
 
 # (grad_ckpt, ckpt_every, ckpt_keep, ckpt_keep_every): none, op-level selective (matmuls kept), one block in four
@@ -145,7 +146,6 @@ def batches(space: Space) -> list[int]:
 def describe(cfg: RunConfig) -> str:
     """A candidate's name: its levers in a few words."""
     ckpt = "no ckpt" if not cfg.grad_ckpt else ("ckpt" if cfg.ckpt_every == 1 else f"ckpt 1/{cfg.ckpt_every}")
-    ckpt += ("+mm" + (f"/{cfg.ckpt_keep_every}" if cfg.ckpt_keep_every > 1 else "")) if cfg.ckpt_keep == "matmuls" \
-        else ""
+    ckpt += kept_label(cfg.ckpt_keep, cfg.ckpt_keep_every)
     return (f"{cfg.strategy} x{world_of(cfg)} b{cfg.batch_size}x{cfg.grad_accum} s{cfg.seq_len} {ckpt}"
             f"{COMPILE_WORD[cfg.compile]} {cfg.optimizer}" + ("" if cfg.float8 == "off" else f" float8:{cfg.float8}"))
