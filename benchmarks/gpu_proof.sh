@@ -40,6 +40,10 @@
 #   bash benchmarks/gpu_proof.sh x4vs      # issue 15: Llama-3-8B FSDP2 vs plain on 4 GPUs, both orders (x4ckpt: with ckpt, DDP)
 #   bash benchmarks/gpu_proof.sh hsdp      # issue 15: Llama-3-8B full, HSDP (2 groups of 2 GPUs) on 4 GPUs
 #   bash benchmarks/gpu_proof.sh ddppure   # issue 15: TinyGPT DDP scaling 1 -> 4, bf16 autocast and bf16-pure
+#   bash benchmarks/gpu_proof.sh fsdptrace # issue 15: Llama-3-8B FSDP2 + per-block checkpointing vs the plain script,
+#                                          #   ours with the checkpoint traced (default) and around the block (NPROC: 2)
+#   bash benchmarks/gpu_proof.sh ddpprof   # issue 15: TinyGPT DDP 1 -> NPROC (2) GPUs, our step and the plain one
+#                                          #   profiled on rank 0 (compute, NCCL, idle), then ours with NCCL_ENVS
 #   bash benchmarks/gpu_proof.sh packed7b  # issue 14: QLoRA with the packed 8-bit step vs HF; GPT-2 vs plain compile
 #   bash benchmarks/gpu_proof.sh nf4fused  # issue 14: QLoRA with the 4-bit dequantization fused in compiled blocks
 #   bash benchmarks/gpu_proof.sh nf4runs   # issue 14: the same, tunebench alone (memory free and checkpointed)
@@ -425,7 +429,8 @@ attngpt)  # cuDNN's SDPA first vs flash's: its GPU tests; GPT-2 small whole mode
   ;;
 gputests)
   CUDA_VISIBLE_DEVICES=${GPU:-0} python3 -m pytest -q -p no:cacheprovider tests/test_loss.py tests/test_optim.py \
-    tests/test_nf4.py tests/test_offload.py tests/test_lora_siblings.py tests/test_attn_kernel.py 2>&1 | tail -4
+    tests/test_nf4.py tests/test_offload.py tests/test_lora_siblings.py tests/test_attn_kernel.py \
+    tests/test_recompute.py::test_traced_blocks_keep_only_their_input 2>&1 | tail -4
   ;;
 nf4fused)
   # 4-bit dequantization fused in the compiled blocks: Mistral-7B QLoRA vs HF with checkpointing two ways (GPU 0),
@@ -489,6 +494,19 @@ hsdp)
 ddppure)
   python3 benchmarks/vs_plain_ddp.py --gpus 1,${NPROC:-4} --sides ours-ddp,ours-ddp-pure \
     --out "$OUT/vs_plain_ddp_pure.json" 2>&1 | tail -6
+  ;;
+fsdptrace)  # Llama-3-8B FSDP2 with per-block checkpointing vs the plain script: ours with the checkpoint traced
+  # inside the compiled block (the default) and with Hugging Face's around its call (ckpt_traced: false)
+  python3 benchmarks/vs_plain_fsdp.py --gpus ${NPROC:-2} --batch-size 2 --steps 15 --warmup 5 --side-timeout 200 \
+    --sides ${SIDES:-plain-ckpt,ours-ckpt-around,ours-ckpt} --out "$OUT/fsdptrace.json" 2>&1 | tail -4
+  ;;
+ddpprof)
+  python3 benchmarks/vs_plain_ddp.py --gpus 1,${NPROC:-2} --sides ${SIDES:-plain-ddp-prof,steps-ddp} \
+    --out "$OUT/ddpprof.json" 2>&1 | grep -E "^(side |steps|plain|ours|    profile)"
+  for e in ${NCCL_ENVS:-}; do  # each NAME=VALUE[,NAME=VALUE...]: our step at NPROC GPUs with those set
+    env ${e//,/ } python3 benchmarks/vs_plain_ddp.py --gpus ${NPROC:-2} --sides steps-ddp \
+      --out "$OUT/ddpprof_${e//[=,]/_}.json" 2>&1 | grep -E "^(steps|    profile)" | sed "s|^|$e |"
+  done
   ;;
 keep7b)
   K="--model mistral-7b --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt,ckpt+mm,none}"

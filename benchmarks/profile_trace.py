@@ -59,13 +59,19 @@ def gaps(path: str, top: int = 25) -> None:
 def main() -> None:
     if sys.argv[1:2] == ["--gaps"]:
         return gaps(sys.argv[2])
-    from tunebench.config import RunConfig
     from vs_plain_gpt import _our_step, profile
 
-    args = sys.argv[1:]
+    p = profile(_our_step(config_from_args(sys.argv[1:])))
+    print(json.dumps(p))
+
+
+def config_from_args(args: list[str]):
+    """A RunConfig from `tunebench run`-style options (--name value, --flag, --no-flag), on the GPU unless told."""
+    from tunebench.config import RunConfig
+
     fields: dict[str, object] = {"device": "cuda"}
     i = 0
-    while i < len(args):  # --name value, --flag, --no-flag
+    while i < len(args):
         name = args[i].removeprefix("--").replace("-", "_")
         if name.startswith("no_"):
             fields[name[3:]], i = False, i + 1
@@ -73,8 +79,7 @@ def main() -> None:
             fields[name], i = args[i + 1], i + 2
         else:
             fields[name], i = True, i + 1
-    p = profile(_our_step(RunConfig(**fields)))
-    print(json.dumps(p))
+    return RunConfig(**fields)
 
 
 if __name__ == "__main__":

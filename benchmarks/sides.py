@@ -136,3 +136,28 @@ def timed_rank(a: argparse.Namespace, dev, train: Callable, vocab: int, row_len:
         print("RESULT " + json.dumps(result), flush=True)
     dist.barrier()  # no rank tears its group down while another still reads its result
     dist.destroy_process_group()
+
+
+def our_rank(a: argparse.Namespace, config: Callable[[int], object], profile_steps: int) -> None:
+    """One rank of our side under torchrun: our engine's step built from the runner's pieces as `run` builds it
+    (`config(world size)` its RunConfig), its batches the engine's own, timed and profiled as a plain side is:
+    the engine without the harness around it."""
+    from tunebench.dist import from_env, rank_session
+    from tunebench.engine.data import SyntheticTokens
+    from tunebench.engine.step import attention_kernels, optimizer_step_fn
+    from tunebench.runner import Outcome, build_trainable, preflight
+
+    ctx = from_env()
+    cfg = config(ctx.world_size)
+    plan = preflight(cfg, ctx.local_rank)
+    with rank_session(ctx, plan.device, cfg.timeout):
+        t = build_trainable(plan, Outcome(), ctx)
+        data = SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, plan.device, cfg.seed, ctx.rank,
+                               ctx.world_size)
+        step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, ctx)
+
+        def train(_ids: object) -> object:  # as the runner's loop runs it
+            with attention_kernels(plan.cfg, plan.device):
+                return step()
+
+        timed_rank(a, plan.device, train, 2, 1, profile_steps)

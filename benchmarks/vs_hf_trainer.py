@@ -26,7 +26,8 @@ both sides use fused AdamW (Trainer's adamw_torch_fused).
 layers sharing an input (q/k/v, gate/up) one by one as peft does (`lora_fused: false`); `/cudnn` runs SDPA's
 cuDNN kernel first (`attn_kernel: cudnn`; the default keeps PyTorch's order, flash first); and any with `/ops`
 added dequantizes 4-bit weights as before the Triton kernel (`TUNEBENCH_NF4_KERNEL=0`: inductor's kernel for the
-torch ops; blocks checkpointed whole keep bitsandbytes' layers either way).
+torch ops); `/around` puts Hugging Face's checkpoint around the call of each block recomputed whole, as before
+`ckpt_traced` (`ckpt_traced: false`; there 4-bit blocks keep bitsandbytes' layers).
 `--profile V` adds, for each variant V named, the GPU time per step by kind of kernel and the share of the step
 the GPU sat idle (tunebench's step built from the runner's pieces).
 """
@@ -61,13 +62,15 @@ VARIANTS = {"ckpt": dict(grad_ckpt=True), "ckpt+mm": dict(grad_ckpt=True, ckpt_k
             "ckpt+off": dict(grad_ckpt=True, offload="activations"),
             "ckpt+mm+off": dict(grad_ckpt=True, ckpt_keep="matmuls", offload="activations")}
 # one checkpointed block in N keeping its matmuls, the others only their input (ckpt_keep_every: N)
-VARIANTS |= {f"ckpt+mm1/{n}": dict(grad_ckpt=True, ckpt_keep="matmuls", ckpt_keep_every=n) for n in (2, 3, 4, 5, 6, 8)}
+VARIANTS |= {f"ckpt+mm1/{n}": dict(grad_ckpt=True, ckpt_keep="matmuls", ckpt_keep_every=n) for n in range(2, 9)}
 # each of those with the LoRA siblings (q/k/v, gate/up) run apart, as peft runs them (lora_fused: false)
 VARIANTS |= {f"{name}/apart": dict(options, lora_fused=False) for name, options in list(VARIANTS.items())}
 # each of those with SDPA's cuDNN kernel first (attn_kernel: cudnn; auto keeps PyTorch's order, flash first)
 VARIANTS |= {f"{name}/cudnn": dict(options, attn_kernel="cudnn") for name, options in list(VARIANTS.items())}
 # each of those with the 4-bit dequantization as before its Triton kernel (TUNEBENCH_NF4_KERNEL=0)
 VARIANTS |= {f"{name}/ops": options for name, options in list(VARIANTS.items())}
+# each of those with Hugging Face's checkpoint around the call of a block recomputed whole (ckpt_traced: false)
+VARIANTS |= {f"{name}/around": dict(options, ckpt_traced=False) for name, options in list(VARIANTS.items())}
 
 
 def _cfg(a: argparse.Namespace, variant: str | None = None):
@@ -226,7 +229,7 @@ def _child(a: argparse.Namespace, side: str, liger: bool = False, variant: str =
            "--method", a.method]
     cmd += ["--grad-ckpt" if a.grad_ckpt else "--no-grad-ckpt"] + (["--liger"] if liger else [])
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    if variant.endswith("/ops"):
+    if "/ops" in variant:
         env["TUNEBENCH_NF4_KERNEL"] = "0"
     if side == "unsloth" and os.environ.get("UNSLOTH_SITE"):  # its packages (and the datasets < 5 it pins) apart
         env["PYTHONPATH"] = os.pathsep.join((os.environ["UNSLOTH_SITE"], env.get("PYTHONPATH", "")))

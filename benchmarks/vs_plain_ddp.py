@@ -22,9 +22,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from sides import add_arguments, as_side_process, chosen, run_side, save, start_rank, timed_rank  # noqa: E402
+from sides import add_arguments, as_side_process, chosen, our_rank, run_side, save, start_rank, timed_rank  # noqa: E402
 
-SIDES = ("plain-ddp", "plain-ddp-compile", "plain-zero2", "ours-ddp", "ours-zero2", "ours-ddp-pure")  # -pure: bf16-pure
+SIDES = ("plain-ddp", "plain-ddp-compile", "plain-zero2", "ours-ddp", "ours-zero2", "ours-ddp-pure",  # -pure: bf16-pure
+         "steps-ddp", "plain-ddp-prof")  # our DDP step from the runner's pieces and the plain one, each profiled
+PROFILE_STEPS = 5
 
 
 def plain_rank(a: argparse.Namespace) -> None:
@@ -58,19 +60,25 @@ def plain_rank(a: argparse.Namespace) -> None:
         fwd = torch.compile(ddp) if a.side == "plain-ddp-compile" else ddp
         train = plain_train_step(fwd, model, opt, dev.type, autocast=cuda)
 
-    timed_rank(a, dev, train, VOCAB, a.seq_len + 1)  # inputs and their next tokens
+    # inputs and their next tokens; -prof: rank 0's steps profiled after the timed ones
+    timed_rank(a, dev, train, VOCAB, a.seq_len + 1, PROFILE_STEPS if a.side.endswith("-prof") else 0)
+
+
+def _our_config(a: argparse.Namespace, side: str, world: int):
+    from tunebench import RunConfig
+
+    strategy = side.removeprefix("ours-").removeprefix("steps-").removesuffix("-pure")
+    return RunConfig(model="tinygpt-124m", method="full", seq_len=a.seq_len, batch_size=a.batch_size,
+                     steps=a.steps, warmup=a.warmup, optimizer="adamw_fused" if a.device == "cuda" else "adamw",
+                     grad_clip=1.0, device=a.device, strategy=strategy,
+                     precision="bf16-pure" if side.endswith("-pure") and a.device == "cuda" else "auto",
+                     nproc_per_node=world, telemetry=False, tag=["vs_plain_ddp"])
 
 
 def ours(a: argparse.Namespace, side: str, world: int) -> dict:
-    from tunebench import RunConfig, run
+    from tunebench import run
 
-    strategy = side.removeprefix("ours-").removesuffix("-pure")
-    rec = run(RunConfig(model="tinygpt-124m", method="full", seq_len=a.seq_len, batch_size=a.batch_size,
-                        steps=a.steps, warmup=a.warmup, optimizer="adamw_fused" if a.device == "cuda" else "adamw",
-                        grad_clip=1.0, device=a.device, strategy=strategy,
-                        precision="bf16-pure" if side.endswith("-pure") and a.device == "cuda" else "auto",
-                        nproc_per_node=world, telemetry=False,
-                        tag=["vs_plain_ddp"]))
+    rec = run(_our_config(a, side, world))
     m = rec.metrics
     return {"side": side, "status": rec.status, "error": rec.error, "world": world, "tokens_per_s": m.tokens_per_s,
             "loss_last": m.loss_last, "compile_scope": m.compile_scope,
@@ -86,7 +94,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     add_arguments(p, SIDES, "plain-ddp,ours-ddp,plain-zero2,ours-zero2")
     a = p.parse_args()
-    if as_side_process(a, plain_rank, ours):
+    def rank(a: argparse.Namespace) -> None:
+        if a.side == "steps-ddp":  # ours from the runner's pieces, profiled
+            return our_rank(a, lambda world: _our_config(a, a.side, world), PROFILE_STEPS)
+        plain_rank(a)
+
+    if as_side_process(a, rank, ours):
         return
     sides = chosen(p, a, SIDES)
     shape = ["--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--warmup",
@@ -94,7 +107,7 @@ def main() -> None:
     results: list[dict] = []
     for world in (int(g) for g in a.gpus.split(",")):
         for side in sides:
-            results.append(run_side(__file__, side, world, shape, a.side_timeout))
+            results.append(run_side(__file__, side, world, shape, a.side_timeout, torchrun=side == "steps-ddp"))
             save(a.out, results)
     summary(results)
 
@@ -108,6 +121,10 @@ def summary(results: list[dict]) -> None:
             continue
         side, world, tps = r["side"], r["world"], r["tokens_per_s"]
         plain = ok.get(("plain-" + side.split("-")[1], world))
+        if prof := r.get("profile"):  # rank 0's GPU time per step, by kind of kernel
+            kinds = ", ".join(f"{k} {v:.1f}" for k, v in prof["ms_by_kind"].items())
+            print(f"    profile {side} x{world}: wall {prof['wall_ms']:.1f} ms, compute busy "
+                  f"{prof['compute_busy_ms']:.1f} ms; {kinds}")
         one = ok.get((side, 1))
         ratio = f"{tps / plain:10.3f}" if plain and side.startswith("ours") else f"{'':>10}"
         scaling = f"{tps / (world * one):9.1%}" if one and world > 1 else f"{'':>9}"

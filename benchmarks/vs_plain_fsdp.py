@@ -23,10 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sides import add_arguments, as_side_process, chosen, run_side, save, start_rank, timed_rank  # noqa: E402
+from sides import add_arguments, as_side_process, chosen, our_rank, run_side, save, start_rank, timed_rank  # noqa: E402
 from vs_plain_gpt import print_profiles  # noqa: E402
 
-SIDES = ("plain", "plain-ckpt", "ours", "ours-ckpt")
+SIDES = ("plain", "plain-ckpt", "ours", "ours-ckpt", "ours-ckpt-around")  # -around: ckpt_traced false
 PEAK_BF16 = 989e12  # H100 / H200 SXM dense bf16
 
 
@@ -81,27 +81,9 @@ def _our_config(a: argparse.Namespace, side: str, world: int):
 
     return RunConfig(model=a.model, method="full", seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
                      warmup=a.warmup, optimizer="adamw_fused" if a.device == "cuda" else "adamw", grad_clip=1.0,
-                     grad_ckpt=side == "ours-ckpt", device=a.device, strategy="fsdp", nproc_per_node=world,
+                     grad_ckpt=side.startswith("ours-ckpt"), ckpt_traced=not side.endswith("-around"),
+                     device=a.device, strategy="fsdp", nproc_per_node=world,
                      telemetry=False, tag=["vs_plain_fsdp"])
-
-
-def ours_rank(a: argparse.Namespace) -> None:
-    """With --profile: one rank of our side under torchrun, our engine's step built from the runner's pieces as
-    `run` builds it, timed and profiled as the plain side is (the engine without the harness around it)."""
-    from tunebench.dist import from_env, rank_session
-    from tunebench.engine.data import SyntheticTokens
-    from tunebench.engine.step import optimizer_step_fn
-    from tunebench.runner import Outcome, build_trainable, preflight
-
-    ctx = from_env()
-    cfg = _our_config(a, a.side, ctx.world_size)
-    plan = preflight(cfg, ctx.local_rank)
-    with rank_session(ctx, plan.device, cfg.timeout):
-        t = build_trainable(plan, Outcome(), ctx)
-        data = SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, plan.device, cfg.seed, ctx.rank,
-                               ctx.world_size)
-        step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, ctx)
-        timed_rank(a, plan.device, lambda ids: step(), 2, 1, a.profile)  # the batches are the engine's own
 
 
 def ours(a: argparse.Namespace, side: str, world: int) -> dict:
@@ -137,7 +119,12 @@ def main() -> None:
                                                            "runner's pieces, not through tunebench.run)")
     add_arguments(p, SIDES, "plain-ckpt,ours-ckpt")
     a = p.parse_args()
-    if as_side_process(a, lambda a: (plain_rank if a.side.startswith("plain") else ours_rank)(a), ours):
+    def rank(a: argparse.Namespace) -> None:  # ours under torchrun with --profile
+        if a.side.startswith("plain"):
+            return plain_rank(a)
+        our_rank(a, lambda world: _our_config(a, a.side, world), a.profile)
+
+    if as_side_process(a, rank, ours):
         return
     shape = ["--model", a.model, "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps",
              str(a.steps), "--warmup", str(a.warmup), "--device", a.device, "--profile", str(a.profile)]
@@ -150,15 +137,15 @@ def main() -> None:
 
 def summary(results: list[dict], flops: float) -> None:
     ok = {r["side"]: r["tokens_per_s_per_gpu"] for r in results if r.get("status") == "ok"}
-    print(f"\n{'side':<12}{'GPUs':>5}{'tok/s/GPU':>11}{'PaLM MFU':>10}{'peak GiB':>10}{'vs plain':>10}")
+    print(f"\n{'side':<17}{'GPUs':>5}{'tok/s/GPU':>11}{'PaLM MFU':>10}{'peak GiB':>10}{'vs plain':>10}")
     for r in results:
         if r.get("status") != "ok":
-            print(f"{r['side']:<12}{r['world']:>5}  failed: {str(r.get('error'))[-400:]}")
+            print(f"{r['side']:<17}{r['world']:>5}  failed: {str(r.get('error'))[-400:]}")
             continue
-        tps, plain = r["tokens_per_s_per_gpu"], ok.get(r["side"].replace("ours", "plain"))
+        tps, plain = r["tokens_per_s_per_gpu"], ok.get(r["side"].replace("ours", "plain").removesuffix("-around"))
         ratio = f"{tps / plain:10.3f}" if plain and r["side"].startswith("ours") else f"{'':>10}"
         peak = f"{r['peak_alloc_gib']:10.1f}" if r.get("peak_alloc_gib") else f"{'':>10}"
-        print(f"{r['side']:<12}{r['world']:>5}{tps:>11,.0f}{tps * flops / PEAK_BF16:>10.1%}{peak}{ratio}")
+        print(f"{r['side']:<17}{r['world']:>5}{tps:>11,.0f}{tps * flops / PEAK_BF16:>10.1%}{peak}{ratio}")
     print_profiles(results, top=12)  # rank 0's, with --profile
 
 

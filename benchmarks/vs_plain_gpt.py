@@ -191,6 +191,8 @@ def _category(name: str) -> str:
         return "attention"
     if any(k in n for k in ("gemm", "cutlass", "nvjet", "xmma", "matmul", "sm90_", "cublas")):
         return "matmul"
+    if "nccl" in n:  # collectives: on their own stream, overlapping the compute kernels
+        return "nccl"
     if "adam" in n or "multi_tensor" in n:
         return "optimizer"
     if n.startswith("triton"):
@@ -204,9 +206,9 @@ PROFILE_WARMUP = 3  # steps run before the profiled ones
 
 
 def _annotation(name: str) -> bool:
-    """A range the profiler also puts on the GPU's timeline (`Optimizer.step#AdamW.step`, `nccl:all_gather`):
-    it spans kernels already counted, so adding it would count them twice."""
-    return "#" in name or name.startswith("nccl:")
+    """A range the profiler also puts on the GPU's timeline (`Optimizer.step#AdamW.step`, `nccl:all_gather`,
+    `DistributedDataParallel.forward`): it spans kernels already counted, so adding it would count them twice."""
+    return "#" in name or name.startswith(("nccl:", "DistributedDataParallel."))
 
 
 def profile(step: Callable[[], object], steps: int = 5) -> dict:
@@ -235,8 +237,10 @@ def profile(step: Callable[[], object], steps: int = 5) -> dict:
         by[_category(e.key)] = by.get(_category(e.key), 0.0) + us
         top[e.key[:90]] = top.get(e.key[:90], 0.0) + us
     busy_ms = sum(by.values()) / 1e3 / steps
+    compute_ms = busy_ms - by.get("nccl", 0.0) / 1e3 / steps
     wall_ms = wall * 1e3 / steps
     return {"wall_ms": wall_ms, "gpu_busy_ms": busy_ms, "idle_share": max(0.0, 1 - busy_ms / wall_ms),
+            "compute_busy_ms": compute_ms, "compute_idle_share": max(0.0, 1 - compute_ms / wall_ms),
             "ms_by_kind": {k: v / 1e3 / steps for k, v in sorted(by.items(), key=lambda kv: -kv[1])},
             "top_kernels_ms": {k: v / 1e3 / steps for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:15]}}
 

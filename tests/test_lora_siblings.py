@@ -178,12 +178,13 @@ def test_compiled_block_has_fewer_matmuls():
     assert counted(True) == [18, 29]
 
 
-@pytest.mark.parametrize(("compile_scope", "keep", "grouped"), [
-    (None, "matmuls", True), ("blocks", "input", True), ("blocks", "matmuls", False), ("model", "input", False)])
-def test_runner_groups_where_compile_allows(compile_scope, keep, grouped):
-    """The runner groups the siblings, except where compile traces a checkpoint (ours keeping matmuls in a compiled
-    block, Hugging Face's inside the whole model's graph): dynamo refuses the hand-over there (a side effect inside
-    the checkpoint) and would give the graph up. Eager, every block is grouped."""
+@pytest.mark.parametrize(("compile_scope", "keep", "traced", "grouped"), [
+    (None, "matmuls", True, True), ("blocks", "input", False, True), ("blocks", "input", True, False),
+    ("blocks", "matmuls", True, False), ("model", "input", True, False)])
+def test_runner_groups_where_compile_allows(compile_scope, keep, traced, grouped):
+    """The runner groups the siblings, except where compile traces a checkpoint (ours in a compiled block, keeping
+    matmuls or recomputing it whole; Hugging Face's inside the whole model's graph): dynamo refuses the hand-over
+    there (a side effect inside the checkpoint) and would give the graph up. Eager, every block is grouped."""
     from tunebench.config import RunConfig
     from tunebench.dist import SINGLE
     from tunebench.engine.model import transformer_blocks
@@ -191,7 +192,7 @@ def test_runner_groups_where_compile_allows(compile_scope, keep, grouped):
 
     for fused in (True, False):
         cfg = RunConfig(model="tiny-llama", method="lora", seq_len=16, batch_size=1, device="cpu", grad_ckpt=True,
-                        ckpt_keep=keep, lora_fused=fused, compile=compile_scope is not None,
+                        ckpt_keep=keep, ckpt_traced=traced, lora_fused=fused, compile=compile_scope is not None,
                         compile_scope=compile_scope or "auto")
         plan = preflight(cfg)
         blocks = transformer_blocks(build_trainable(plan, Outcome(), SINGLE).model, plan.spec.num_layers)

@@ -139,10 +139,10 @@ def test_compiled_layers_keep_no_dequantized_weight_for_backward(device):
     assert floats == [], f"dequantized weights kept for backward: {floats}"
 
 
-def test_compiled_blocks_are_fused_unless_checkpointed_whole_and_trace_as_one_graph():
-    """Compiled QLoRA blocks that keep their matmuls (so that the policy sees the base matmuls) or are not
-    checkpointed get the torch-ops dequantization; dynamo captures such a block whole. Blocks checkpointed whole
-    keep bitsandbytes' layers."""
+def test_compiled_blocks_are_fused_unless_checkpointed_around_and_trace_as_one_graph():
+    """Compiled QLoRA blocks whose checkpoint is traced (keeping their matmuls, so that the policy sees the base
+    matmuls; or recomputed whole, as plain ops) or that are not checkpointed get our dequantization; dynamo captures
+    such a block whole. Blocks under Hugging Face's checkpoint around their call keep bitsandbytes' layers."""
     from torch._dynamo.utils import counters
 
     from tunebench.config import RunConfig
@@ -150,24 +150,27 @@ def test_compiled_blocks_are_fused_unless_checkpointed_whole_and_trace_as_one_gr
     from tunebench.engine.model import transformer_blocks
     from tunebench.runner import Outcome, build_trainable, preflight
 
-    def fused(keep: str) -> tuple[list[bool], object, object]:
+    def fused(keep: str, traced: bool = True) -> tuple[list[bool], object, object]:
         cfg = RunConfig(model="tiny-llama", method="qlora", seq_len=32, batch_size=1, device="cpu", compile=True,
-                        grad_ckpt=True, ckpt_every=2, ckpt_keep=keep)
+                        grad_ckpt=True, ckpt_every=2, ckpt_keep=keep, ckpt_traced=traced)
         plan = preflight(cfg)
         trained = build_trainable(plan, Outcome(), SINGLE)
         blocks = transformer_blocks(trained.model, plan.spec.num_layers)
         return [all(isinstance(m.forward, types.MethodType) and m.forward.__func__ is nf4._forward
                     for m in b.modules() if isinstance(m, bnb.nn.Linear4bit)) for b in blocks], trained, plan
 
-    assert fused("input")[0] == [False, True]  # every second block checkpointed whole (ckpt_every 2)
-    flags, trained, plan = fused("matmuls")
-    assert flags == [True, True]
-    block = transformer_blocks(trained.model, plan.spec.num_layers)[0]
-    h = torch.randn(1, 32, plan.spec.hidden_size, requires_grad=True)
-    pos = torch.arange(32)[None]
-    rotary = trained.model.base_model.model.model.rotary_emb(h, pos)
-    torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(block.forward, backend="eager")  # tracing only: no kernels generated on the CPU
-    compiled(h, position_embeddings=rotary, position_ids=pos)
-    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
+    assert fused("input", traced=False)[0] == [False, True]  # every second block checkpointed whole (ckpt_every 2)
+    for keep in ("input", "matmuls"):
+        flags, trained, plan = fused(keep)
+        assert flags == [True, True]
+        block = transformer_blocks(trained.model, plan.spec.num_layers)[0]
+        recomputed = [m.recomputed for m in block.modules() if isinstance(m, bnb.nn.Linear4bit)]
+        assert recomputed == [keep == "input"] * 7  # plain ops where the whole block is recomputed
+        h = torch.randn(1, 32, plan.spec.hidden_size, requires_grad=True)
+        pos = torch.arange(32)[None]
+        rotary = trained.model.base_model.model.model.rotary_emb(h, pos)
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(block.forward, backend="eager")  # tracing only: no kernels generated on the CPU
+        compiled(h, position_embeddings=rotary, position_ids=pos)
+        assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1

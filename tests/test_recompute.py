@@ -100,9 +100,10 @@ def test_keeping_matmuls_in_one_checkpointed_block_of_n():
     assert partial.status == "ok", partial.error
     assert partial.metrics.losses == pytest.approx(base.metrics.losses, rel=1e-5)
     assert label(partial).endswith("ckpt+mm/2")
-    # the planner: memory and speed between keeping every block's matmuls and none (Mistral-7B QLoRA, 32 blocks)
+    # the planner: memory and speed between keeping every block's matmuls and none (Mistral-7B QLoRA, 32 blocks;
+    # Hugging Face's checkpoint, without the traced one's transient in backward, which makes no step of the dial)
     gpu, q = match("H200"), dict(model="mistral-7b", method="qlora", seq_len=512, batch_size=8, grad_ckpt=True,
-                                  compile=True, optimizer="paged_adamw_8bit")
+                                  compile=True, optimizer="paged_adamw_8bit", ckpt_traced=False)
     p = [predict(RunConfig(**q, **k), gpu) for k in ({}, dict(ckpt_keep="matmuls", ckpt_keep_every=4),
                                                      dict(ckpt_keep="matmuls", ckpt_keep_every=2),
                                                      dict(ckpt_keep="matmuls"))]
@@ -139,3 +140,56 @@ def test_evaluation_runs_without_the_checkpoint():
         with torch.no_grad():
             losses.append(t.module(ids, ids.roll(-1, 1)).item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+def _saved_activations(plan, t) -> list[tuple[int, ...]]:
+    """Shapes of what one micro-batch's forward keeps for backward, parameters apart."""
+    params = {p.data_ptr() for p in t.module.parameters()}
+    shapes = []
+
+    def pack(x):
+        if x.data_ptr() not in params and x.dim() >= 2:
+            shapes.append(tuple(x.shape))
+        return x
+
+    ids = torch.randint(0, plan.spec.vocab_size, (2, 33), device=plan.device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        loss = t.module(ids[:, :-1], ids[:, 1:])
+    loss.backward()
+    return shapes
+
+
+def test_whole_block_checkpoint_traced_in_compiled_blocks():
+    """ckpt_traced (the default): a compiled block recomputed whole has its checkpoint inside, traced by compile:
+    the same training as Hugging Face's checkpoint, one graph per block, the same FLOPs counted."""
+    eager = run(RunConfig(**BASE, method="lora", grad_ckpt=True))
+    counters.clear()
+    traced = run(RunConfig(**BASE, method="lora", grad_ckpt=True, compile=True))
+    assert traced.status == "ok", traced.error
+    assert counters["frames"]["ok"] >= 1 and not counters["graph_break"]
+    assert traced.metrics.losses == pytest.approx(eager.metrics.losses, rel=1e-4)
+    assert traced.metrics.hfu_flops_per_token == pytest.approx(eager.metrics.hfu_flops_per_token)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md"))])
+def test_traced_blocks_keep_only_their_input(device):
+    """QLoRA in compiled blocks recomputed whole: the forward keeps of each block only what Hugging Face's
+    checkpoint keeps, its input. (On an H200, 4-bit layers inside an autograd function made the partitioner keep
+    each block's bf16 weights, 9.5 GiB on Mistral-7B; the CPU's graphs did not show it.)"""
+    from tunebench.engine.model import transformer_blocks
+    from tunebench.engine.recompute import checkpointed_whole, recomputes_traced
+
+    saved = {}
+    for traced in (True, False):
+        plan = preflight(RunConfig(**BASE | dict(precision="bf16" if device == "cpu" else "auto", device=device),
+                                   method="qlora", grad_ckpt=True, compile=True, ckpt_traced=traced))
+        t = build_trainable(plan, Outcome(), SINGLE)
+        blocks = transformer_blocks(t.model, plan.spec.num_layers)
+        assert all(recomputes_traced(b) == traced and checkpointed_whole(b) for b in blocks)
+        layers = [m for b in blocks for m in b.modules() if hasattr(m, "recomputed")]
+        assert all(m.recomputed for m in layers) and len(layers) == 7 * len(blocks) if traced else not layers
+        for _ in range(2):  # the second after compiling
+            saved[traced] = set(_saved_activations(plan, t))
+    # what the traced blocks keep beyond Hugging Face's checkpoint: only their other input, the rotary tables
+    assert saved[True] - saved[False] == {(1, BASE["seq_len"], plan.spec.head_dim)}

@@ -31,9 +31,11 @@ from tunebench.engine.recompute import (
     checkpoint_every,
     checkpointed_whole,
     keep_matmuls,
-    keeps_matmuls,
     no_input_grads,
+    recompute_traced,
     recomputed_share,
+    recomputes_traced,
+    traces_checkpoint,
 )
 from tunebench.engine.step import TrainStep, attention_kernels, optimizer_step_fn
 from tunebench.environment import environment
@@ -49,7 +51,7 @@ from tunebench.models import build_model, load_meta_model, resolve_model
 from tunebench.models.build import build_meta, build_partitioned
 from tunebench.models.count import counts, training_floor_bytes
 from tunebench.models.float8 import refusal as float8_refusal
-from tunebench.models.nf4 import fuse_dequantization
+from tunebench.models.nf4 import all_fusable, fuse_dequantization
 from tunebench.models.shards import init_adapters
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import JobFigures, RankFigures, ResultRecord
@@ -179,6 +181,10 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
         checkpoint_every(ckpt_blocks, cfg.ckpt_every)
         if cfg.ckpt_keep == "matmuls":
             keep_matmuls(ckpt_blocks, cfg.ckpt_keep_every)
+        if cfg.ckpt_traced and strategy.compile_scope(cfg) == "blocks":
+            # not around 4-bit layers kept in another dtype (FSDP2, DeepSpeed): bitsandbytes' autograd functions,
+            # inside which a traced checkpoint marks nothing for recompute (their matmuls' outputs would be kept)
+            recompute_traced([b for b in ckpt_blocks if cfg.method != "qlora" or all_fusable(b)])
     model = apply_method(model, cfg)
     if cfg.grad_ckpt and cfg.method != "full":
         no_input_grads(unwrap(model).get_input_embeddings())
@@ -190,13 +196,13 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     scope = out.compile_scope = strategy.compile_scope(cfg)
     if scope and cfg.method == "qlora":  # the dequantization in the compiled graph (models.nf4): where measured faster
         for block in blocks:
-            if keeps_matmuls(block) or not checkpointed_whole(block):
-                fuse_dequantization(block)
+            if traces_checkpoint(block) or not checkpointed_whole(block):
+                fuse_dequantization(block, recomputed=recomputes_traced(block))
     if cfg.method != "full" and cfg.lora_fused and strategy.lora_siblings:
         for block in blocks:
-            # not where compile traces a checkpoint (ours keeping matmuls, or Hugging Face's inside the whole
-            # model's graph): dynamo refuses the siblings' hand-over there and gives the graph up
-            traced_checkpoint = keeps_matmuls(block) or (scope == "model" and checkpointed_whole(block))
+            # not where compile traces a checkpoint (ours, keeping matmuls or recomputing whole, or Hugging Face's
+            # inside the whole model's graph): dynamo refuses the siblings' hand-over there and gives the graph up
+            traced_checkpoint = traces_checkpoint(block) or (scope == "model" and checkpointed_whole(block))
             if not (scope and traced_checkpoint):
                 group_siblings(block)
     if scope == "blocks":

@@ -66,6 +66,12 @@ class RunConfig(BaseModel):
                                       "outputs, the others only their input (a dial between the two: Mistral-7B "
                                       "QLoRA keeps ~0.34 GiB more per such block and runs its backward ~30% faster)",
         json_schema_extra=LATER)
+    ckpt_traced: bool = Field(
+        True, description="with grad_ckpt and compile per block: a block recomputed whole has its checkpoint inside "
+                          "the compiled block, traced (its forward saves only the input; backward's graph holds the "
+                          "recompute, fused with backward's own ops); false: Hugging Face's checkpoint around the "
+                          "block's call, the compiled forward run twice as it is",
+        json_schema_extra=LATER)
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
     attn_kernel: Literal["auto", "flash", "cudnn", "efficient"] = Field(
         "auto", description="with attn=sdpa, training: the kernel SDPA tries first (it falls back to the next one "

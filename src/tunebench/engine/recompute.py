@@ -8,12 +8,18 @@ time (Mistral-7B LoRA, one H200: 6.4 of the 16.8 GiB that full recompute saves, 
 speed where full recompute runs 30% below). The checkpoint is put inside the block's own forward, so that a
 compiled block traces it (torch.compile turns the policy into its recompute choices) and the block's hooks
 (FSDP2's gathers) stay outside it.
+
+A block recomputed whole has its checkpoint moved inside its forward too where blocks are compiled
+(`ckpt_traced`, the default): the compiled forward then saves only the block's input, and backward's graph
+holds the recompute fused with backward's own ops. Measured on H200s against Hugging Face's checkpoint around
+the block's call: Mistral-7B LoRA +9%, QLoRA +13% (where its 4-bit layers become plain ops in the graph),
+Llama-3-8B full FSDP2 on 2 GPUs +6.7%, for +0.7 to +1.0 GiB held while a block's backward runs.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -58,13 +64,15 @@ def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if _keeps(op, args) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _checkpointed(forward: Callable, context: Callable) -> Callable:
+def _checkpointed(forward: Callable, context: Callable | None) -> Callable:
     # A function of ours, not a partial of torch's checkpoint: torch.compile does not start tracing in torch's own
     # files, so a compiled block would run the checkpoint eagerly, its policy a Python hook on every op (measured
     # 1.6x slower than whole-block recompute on Mistral-7B LoRA); traced from here, it becomes one graph.
     def run(*args, **kwargs):
         if not torch.is_grad_enabled():  # evaluation: nothing to keep (as Hugging Face's checks self.training)
             return forward(*args, **kwargs)
+        if context is None:  # everything recomputed (dynamo refuses torch's own no-op context_fn passed in)
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
 
     return run
@@ -81,13 +89,33 @@ def keep_matmuls(blocks: nn.ModuleList, every: int = 1) -> None:
             block.keeps_matmuls = True
 
 
+def recompute_traced(blocks: Iterable[nn.Module]) -> None:
+    """Move each block's whole-block checkpoint from around its call (Hugging Face's) into its forward, so that a
+    compiled block traces it: its forward graph then computes and saves only what backward needs from it (the
+    input), and backward's graph holds the recompute, fused with the backward's own ops."""
+    for block in blocks:
+        if checkpointed_whole(block) and not keeps_matmuls(block):
+            block.gradient_checkpointing = False
+            block.forward = _checkpointed(block.forward, None)
+            block.recomputes_traced = True
+
+
 def keeps_matmuls(block: nn.Module) -> bool:
     return getattr(block, "keeps_matmuls", False)
 
 
+def recomputes_traced(block: nn.Module) -> bool:
+    return getattr(block, "recomputes_traced", False)
+
+
+def traces_checkpoint(block: nn.Module) -> bool:
+    """The block's checkpoint is inside its forward (ours), not around its call (Hugging Face's)."""
+    return keeps_matmuls(block) or recomputes_traced(block)
+
+
 def checkpointed_whole(block: nn.Module) -> bool:
-    """Hugging Face's checkpoint is on: the block's whole forward runs again in backward."""
-    return bool(getattr(block, "gradient_checkpointing", False))
+    """The block's whole forward runs again in backward (Hugging Face's checkpoint, or ours traced)."""
+    return bool(getattr(block, "gradient_checkpointing", False)) or recomputes_traced(block)
 
 
 def recomputed_share(blocks: nn.ModuleList) -> float:

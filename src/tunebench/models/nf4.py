@@ -11,11 +11,12 @@ fused by inductor into one kernel launched from the graph with the rest of the b
 (backward through different ops, so that compiled they are not merged into one whose bf16 output is kept).
 Used in compiled blocks that keep their matmuls' outputs (engine.recompute.keep_matmuls): the block's selective
 checkpoint then sees the base matmuls as plain ops and keeps them as it does a bf16 base's, recomputing only the
-dequantization (measured on an H200: 25% faster, at about twice the memory of recomputing everything); and in
-compiled blocks without checkpointing (no bitsandbytes calls from the host between kernels). Not in blocks
-checkpointed whole (measured no faster, with the torch ops and with the kernel: 1-2% slower than bitsandbytes'
-layers there). Eagerly the same ops are several kernels with large temporaries, and FSDP2 and DeepSpeed store the
-weights in another dtype.
+dequantization (measured on an H200: 25% faster, at about twice the memory of recomputing everything); in
+compiled blocks without checkpointing (no bitsandbytes calls from the host between kernels); and, as plain ops
+(`recomputed`), in compiled blocks whose whole-block checkpoint is traced (engine.recompute.recompute_traced).
+Not in blocks under Hugging Face's checkpoint around their call (measured no faster, with the torch ops and with
+the kernel: 1-2% slower than bitsandbytes' layers there). Eagerly the same ops are several kernels with large
+temporaries, and FSDP2 and DeepSpeed store the weights in another dtype.
 
 On a GPU the dequantization is one Triton kernel (models.nf4_kernel, the same values): ~2.8x inductor's kernel
 for these ops, measured +5% to +6% on a whole Mistral-7B QLoRA step.
@@ -91,7 +92,10 @@ def _forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     bias = None if self.bias is None else self.bias.to(x.dtype)
     nested = (qs.state2.code, qs.state2.absmax, qs.offset) if qs.nested else (None, None, None)
     packed = self.weight.data  # the plain uint8 tensor, without Params4bit's subclass
-    return _Linear4bit.apply(x, packed, qs.absmax, qs.code, *nested, qs.blocksize, tuple(qs.shape), bias).to(dtype)
+    args = (packed, qs.absmax, qs.code, *nested, qs.blocksize, tuple(qs.shape))
+    if self.recomputed:  # plain ops: the traced checkpoint recomputes the dequantization in backward
+        return _linear(x, *args, bias).to(dtype)
+    return _Linear4bit.apply(x, *args, bias).to(dtype)
 
 
 def fusable(module: nn.Module) -> bool:
@@ -107,9 +111,24 @@ def fusable(module: nn.Module) -> bool:
     return not qs.nested or qs.state2.blocksize == NESTED_BLOCK
 
 
-def fuse_dequantization(module: nn.Module) -> int:
-    """Route each fusable 4-bit linear of `module` through the torch-ops dequantization; returns how many were."""
+def all_fusable(module: nn.Module) -> bool:
+    """Every 4-bit linear of `module` can run as our layers (not stored in another dtype, as FSDP2's and
+    DeepSpeed's are)."""
+    import bitsandbytes as bnb
+
+    return all(fusable(m) for m in module.modules() if isinstance(m, bnb.nn.Linear4bit))
+
+
+def fuse_dequantization(module: nn.Module, recomputed: bool = False) -> int:
+    """Route each fusable 4-bit linear of `module` through our dequantization; returns how many were.
+
+    `recomputed`: `module` is a block whose whole-block checkpoint a compiled graph traces
+    (engine.recompute.recompute_traced). Its layers are then plain ops, dequantization and matmul, which the
+    checkpoint marks for recompute. Not `_Linear4bit`: what runs inside an autograd function is not marked, so
+    the partitioner kept what that function's backward reads (measured on an H200, Mistral-7B: each block's bf16
+    weights, 9.5 GiB in all)."""
     layers = [m for m in module.modules() if fusable(m)]
     for m in layers:
         m.forward = types.MethodType(_forward, m)
+        m.recomputed = recomputed
     return len(layers)

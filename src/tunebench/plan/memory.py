@@ -25,6 +25,10 @@ GRAD_GROUP = 3  # engine.loss: chunks per matmul of a trained head's gradient
 # way and the block computing (measured on an H200: Mistral-7B QLoRA checkpointed, 0.82 of 1 GiB went)
 OFFLOAD_RESIDENT_BLOCKS = 5
 GIB = 1 << 30
+# A checkpoint traced in the compiled block (ckpt_traced): backward's graph holds this many blocks' activations
+# beyond eager recompute's one, and QLoRA's dequantized bf16 weights of the block (fitted on Mistral-7B LoRA and
+# QLoRA s512 b8 on an H200: +0.68 and +0.95 GiB)
+TRACED_EXTRA_BLOCKS = 1.25
 DS_BUCKET = int(5e8)  # strategies.zero: reduce / all-gather / prefetch bucket size, elements
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}
 # Measured (nvml used - reserved): CUDA context, kernels and workspaces; NCCL adds its buffers.
@@ -176,6 +180,9 @@ def _backward_temps(w: Workload, act: Activations) -> float:
         temps += 2 * w.cfg.batch_size * s.num_heads * w.cfg.seq_len ** 2 * w.compute_bytes
     if w.checkpointed_share:
         temps += w.tokens * act.per_layer
+    if w.recompute_traced and w.recomputed_share:
+        temps += TRACED_EXTRA_BLOCKS * w.tokens * act.per_layer
+        temps += 2 * w.counts.block_linears / w.layers if w.cfg.method == "qlora" else 0.0
     return temps
 
 

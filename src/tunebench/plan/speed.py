@@ -76,7 +76,10 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     s, c, cfg = w.spec, w.counts, w.cfg
     tokens = w.tokens * cfg.grad_accum
     share, again = w.checkpointed_share, w.recomputed_share  # blocks recomputed; those whose matmuls rerun
-    passes = 2 + share  # passes over the weights: forward, backward, recompute (4-bit weights dequantized again)
+    traced = again if w.recompute_traced else 0.0  # recomputed whole inside backward's compiled graph
+    # passes over the weights: forward, backward, recompute (4-bit weights dequantized again; once for both where
+    # the recompute is in backward's graph)
+    passes = 2 + share - traced
     blocks = c.block_linears * (6 if w.full else 4) + 2 * c.block_linears * again
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
     kept = w.kept_share  # blocks keeping attention and the adapters' first factor: only the up-projections rerun
@@ -88,8 +91,9 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     q = s.num_heads * s.head_dim
     attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share - kept) * tokens
     act = activations(w)
-    # backward moves about twice the forward's bytes; a recompute adds one forward
-    traffic = 2 * (1 + share / 3)
+    # backward moves about twice the forward's bytes; a recompute adds one forward, but for a checkpoint traced
+    # in the compiled block, whose backward graph fuses the recompute's elementwise ops with its own
+    traffic = 2 * (1 + (share - traced) / 3)
     moved = ELEMENTWISE_BYTES_PER_SAVED[w.family, cfg.compile] * act.per_layer * w.layers * traffic * tokens
     moved += LOSS_BYTES_PER_LOGIT * tokens * s.vocab_size
     if cfg.method == "qlora":

@@ -74,6 +74,20 @@ class Workload:
         return self.checkpointed_share - (self.kept_share if self.keeps_matmuls else 0.0)
 
     @property
+    def recompute_traced(self) -> bool:
+        """Blocks recomputed whole have their checkpoint traced inside the compiled block (runner: ckpt_traced,
+        compiled per block; QLoRA where its 4-bit linears are plain ops, as for keeps_matmuls)."""
+        if not (self.cfg.grad_ckpt and self.cfg.ckpt_traced and self.cfg.compile is True):
+            return False
+        return self.cfg.compile_scope != "model" and (self.cfg.method != "qlora" or self.fusable_4bit)
+
+    @property
+    def fusable_4bit(self) -> bool:
+        """QLoRA's 4-bit linears can be plain ops in a compiled block (models.nf4: uint8 weights, i.e. not under
+        FSDP2 or DeepSpeed, which store them in another dtype)."""
+        return self.cfg.compile is True and self.strategy.name in ("single", "ddp")
+
+    @property
     def keeps_matmuls(self) -> bool:
         """Checkpointed blocks keep their large matmuls' outputs. QLoRA's only where its 4-bit linears are plain
         ops in the compiled block (models.nf4: compiled, uint8 weights, i.e. not FSDP2 or DeepSpeed); elsewhere they
@@ -81,7 +95,7 @@ class Workload:
         (measured: Mistral-7B QLoRA then kept only attention's and the adapters' outputs, 7.50 GiB against 6.21)."""
         if self.cfg.ckpt_keep != "matmuls":
             return False
-        return self.cfg.method != "qlora" or (self.cfg.compile is True and self.strategy.name in ("single", "ddp"))
+        return self.cfg.method != "qlora" or self.fusable_4bit
 
     @property
     def lora_params(self) -> int:
