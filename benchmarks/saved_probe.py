@@ -1,7 +1,7 @@
 """What a configuration's forward keeps for backward: every saved tensor of 1 MiB or more, grouped by shape.
 
-    TUNEBENCH_CKPT_TRACE=2 python benchmarks/saved_probe.py --model mistral-7b --method qlora --seq-len 512 \\
-        --batch-size 8 --grad-ckpt
+    python benchmarks/saved_probe.py --model mistral-7b --method qlora --seq-len 512 --batch-size 8 --grad-ckpt \\
+        [--no-ckpt-traced]
 
 Any `tunebench run` option is taken (RunConfig's fields, as `profile_trace.py` takes them). The model is built as
 `run` builds it; two steps run first (compiling), then one forward runs under saved-tensor hooks that record what
@@ -27,15 +27,16 @@ def main() -> None:
     from profile_trace import config_from_args
     from tunebench.dist import SINGLE
     from tunebench.engine.data import SyntheticTokens
-    from tunebench.engine.step import optimizer_step_fn
+    from tunebench.engine.step import attention_kernels, optimizer_step_fn
     from tunebench.runner import Outcome, build_trainable, preflight
 
     plan = preflight(config_from_args(sys.argv[1:]))
     t = build_trainable(plan, Outcome(), SINGLE)
     data = SyntheticTokens(plan.spec.vocab_size, plan.cfg.batch_size, plan.cfg.seq_len, plan.device, plan.cfg.seed)
     step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, SINGLE)
-    for _ in range(2):
-        step()
+    with attention_kernels(plan.cfg, plan.device):  # as the runner's loop runs it
+        for _ in range(2):
+            step()
     params = {p.data_ptr() for p in t.module.parameters()}
     saved: Counter = Counter()
 
@@ -44,8 +45,8 @@ def main() -> None:
             saved[(tuple(x.shape), str(x.dtype).removeprefix("torch."))] += 1
         return x
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):  # packs run in the forward only
-        t.ts.micro(data.next(), True)
+    with attention_kernels(plan.cfg, plan.device), torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        t.ts.micro(data.next(), True)  # packs run in its forward only
     t.ts.update()
     total = sum(count * torch.Size(shape).numel() * torch.empty((), dtype=getattr(torch, dtype)).element_size()
                 for (shape, dtype), count in saved.items())

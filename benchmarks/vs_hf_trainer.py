@@ -70,7 +70,8 @@ VARIANTS |= {f"{name}/cudnn": dict(options, attn_kernel="cudnn") for name, optio
 # each of those with the 4-bit dequantization as before its Triton kernel (TUNEBENCH_NF4_KERNEL=0)
 VARIANTS |= {f"{name}/ops": options for name, options in list(VARIANTS.items())}
 # each of those with Hugging Face's checkpoint around the call of a block recomputed whole (ckpt_traced: false)
-VARIANTS |= {f"{name}/around": dict(options, ckpt_traced=False) for name, options in list(VARIANTS.items())}
+VARIANTS |= {f"{name}/around": dict(options, ckpt_traced=False) for name, options in list(VARIANTS.items())
+             if options["grad_ckpt"]}
 
 
 def _cfg(a: argparse.Namespace, variant: str | None = None):

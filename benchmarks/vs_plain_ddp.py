@@ -7,6 +7,9 @@ gradients, 5e8 buckets) and the same AdamW. Our sides: `tunebench.run` with stra
 `auto` decides). Each side is its own torchrun job, one after the other in this one job on the same GPUs; each
 rank times the steps after `warmup`, and tokens/s is every rank's tokens over the slowest rank's time.
 `--gpus 1,4` runs every side at each world size and prints the scaling efficiency, tokens/s(N) / (N x tokens/s(1)).
+Where the step's time goes: `steps-ddp` (our DDP step built from the runner's pieces under torchrun, as `run`
+builds it) and `plain-ddp-prof` (the plain DDP side) each profile rank 0's steps after the timed ones (GPU time by
+kind of kernel, NCCL's apart, and the compute kernels' share of the step).
 
     python benchmarks/vs_plain_ddp.py --gpus 1,4 [--sides plain-ddp,ours-ddp,plain-zero2,ours-zero2]
     python benchmarks/vs_plain_ddp.py --device cpu --gpus 2 --seq-len 64 --batch-size 1 --steps 4 --warmup 1  # smoke

@@ -25,8 +25,6 @@ PADDED_LOSS_SINCE = "2026-11-22T03:40"  # GPU runs from then on pad GPT-2's 50,2
 FUSED_4BIT_SINCE = "2026-11-22T13:45"  # QLoRA blocks keeping matmuls keep the 4-bit ones too (models.nf4) from then
 # the loss's softmax compiled on GPUs from then (engine.loss): before, it held 12 bytes per logit of a chunk
 LOSS_COMPILED_SINCE = "2026-11-22T15:35"
-# compiled blocks recomputed whole trace their checkpoint from then (ckpt_traced): before, Hugging Face's was around
-CKPT_TRACED_SINCE = "2026-11-23T00:00"
 plan_memory = importlib.import_module("tunebench.plan.memory")  # the module (the package exports its function)
 
 
@@ -54,7 +52,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
             if r.created_at < LOSS_COMPILED_SINCE:
                 then.setattr(plan_memory, "loss_bytes_per_logit", lambda w: 12)
             cfg = run_config(what_ran(r))
-            if r.created_at < CKPT_TRACED_SINCE:
+            if "ckpt_traced" not in r.config:  # before the field: Hugging Face's checkpoint around every block
                 cfg = cfg.model_copy(update={"ckpt_traced": False})
             p = predict(cfg, gpu, r.metrics.world_size, [(i, m) for g, i, m in hw if g == gpu])
         em = p.mem.peak_allocated / r.metrics.peak_mem_allocated_bytes - 1

@@ -56,7 +56,7 @@ from tunebench.models.shards import init_adapters
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import JobFigures, RankFigures, ResultRecord
 from tunebench.status import failure
-from tunebench.strategies import check_strategy
+from tunebench.strategies import Strategy, check_strategy
 from tunebench.units import GIB
 
 BIG_ON_CPU = 500_000_000  # parameters: above this a CPU run is announced and its build shows progress
@@ -159,6 +159,13 @@ class Trainable:
     ts: TrainStep
 
 
+def traces_whole_checkpoint(cfg: RunConfig, strategy: Strategy, scope: str | None) -> bool:
+    """Blocks recomputed whole get their checkpoint traced inside the compiled block (ckpt_traced). Not with float8
+    (torchao's matmuls are autograd functions too: what they save would be kept) nor where a strategy gathers
+    parameters inside each module's forward (ZeRO-3): neither measured so."""
+    return cfg.ckpt_traced and scope == "blocks" and cfg.float8 == "off" and not strategy.gathers_per_module
+
+
 def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: bool = False) -> Trainable:
     """The benchmark's and the training job's one way to build what trains (figures noted in `out`)."""
     cfg, spec, device, strategy = plan.cfg, plan.spec, plan.device, plan.strategy
@@ -175,13 +182,14 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
         # DeepSpeed casts every parameter to its dtype: a 4-bit base packed into that dtype comes through intact
         model, out.weights = build_model(spec, cfg, device, progress=_build_progress(spec.name) if big else None,
                                          float_storage=strategy.deepspeed)
+    scope = out.compile_scope = strategy.compile_scope(cfg)
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         ckpt_blocks = transformer_blocks(model, spec.num_layers)
         checkpoint_every(ckpt_blocks, cfg.ckpt_every)
         if cfg.ckpt_keep == "matmuls":
             keep_matmuls(ckpt_blocks, cfg.ckpt_keep_every)
-        if cfg.ckpt_traced and strategy.compile_scope(cfg) == "blocks":
+        if traces_whole_checkpoint(cfg, strategy, scope):
             # not around 4-bit layers kept in another dtype (FSDP2, DeepSpeed): bitsandbytes' autograd functions,
             # inside which a traced checkpoint marks nothing for recompute (their matmuls' outputs would be kept)
             recompute_traced([b for b in ckpt_blocks if cfg.method != "qlora" or all_fusable(b)])
@@ -193,7 +201,6 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     model.train()
     head = unwrap(model).get_output_embeddings()
     blocks = transformer_blocks(model, spec.num_layers)
-    scope = out.compile_scope = strategy.compile_scope(cfg)
     if scope and cfg.method == "qlora":  # the dequantization in the compiled graph (models.nf4): where measured faster
         for block in blocks:
             if traces_checkpoint(block) or not checkpointed_whole(block):

@@ -70,7 +70,8 @@ class RunConfig(BaseModel):
         True, description="with grad_ckpt and compile per block: a block recomputed whole has its checkpoint inside "
                           "the compiled block, traced (its forward saves only the input; backward's graph holds the "
                           "recompute, fused with backward's own ops); false: Hugging Face's checkpoint around the "
-                          "block's call, the compiled forward run twice as it is",
+                          "block's call, the compiled forward run twice as it is (what records stored before this "
+                          "field ran)",
         json_schema_extra=LATER)
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
     attn_kernel: Literal["auto", "flash", "cudnn", "efficient"] = Field(
@@ -149,6 +150,8 @@ class RunConfig(BaseModel):
                              "(warmup steps are not timed)")
         if self.ckpt_keep != "input" and not self.grad_ckpt:
             raise ValueError(f"ckpt_keep={self.ckpt_keep} chooses what checkpointed blocks keep: it needs grad_ckpt")
+        if not self.ckpt_traced and not self.grad_ckpt:
+            raise ValueError("ckpt_traced=false chooses where a checkpoint goes: it needs grad_ckpt")
         if self.ckpt_keep_every != 1 and self.ckpt_keep != "matmuls":
             raise ValueError(f"ckpt_keep_every={self.ckpt_keep_every} chooses which checkpointed blocks keep their "
                              "matmuls: it needs ckpt_keep=matmuls")

@@ -12,7 +12,8 @@ whole output alive (+1.2 GiB).
 
 The first sibling called computes the stacked product and the next ones, called with the same input, use it (any
 other call runs peft's own forward); compiled, dynamo traces that hand-over into the block's one graph. Not inside
-a checkpoint that compile traces (ours keeping matmuls, Hugging Face's in a whole-model graph): dynamo refuses the
+a checkpoint that compile traces (ours, keeping matmuls or recomputing the block whole, i.e. every checkpointed
+block of a compiled model; Hugging Face's in a whole-model graph): dynamo refuses the
 hand-over there (a side effect), and letting each sibling compute the product for the compiler to merge was
 measured 1-2.4% slower than peft's layers apart (the forward merges, but each copy keeps its own backward); the
 runner leaves those blocks' layers apart. Modules, parameters, names and saved adapters stay peft's.

@@ -76,7 +76,7 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     s, c, cfg = w.spec, w.counts, w.cfg
     tokens = w.tokens * cfg.grad_accum
     share, again = w.checkpointed_share, w.recomputed_share  # blocks recomputed; those whose matmuls rerun
-    traced = again if w.recompute_traced else 0.0  # recomputed whole inside backward's compiled graph
+    traced = w.traced_share  # recomputed whole inside backward's compiled graph
     # passes over the weights: forward, backward, recompute (4-bit weights dequantized again; once for both where
     # the recompute is in backward's graph)
     passes = 2 + share - traced
@@ -110,8 +110,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
 
 
 def _host(w: Workload) -> float:
-    # a block keeping its matmuls reruns its elementwise ops inside its compiled backward: no extra calls
-    passes = 2 + w.recomputed_share
+    # a block keeping its matmuls, or recomputed in its compiled backward's graph, makes no extra calls
+    passes = 2 + w.recomputed_share - w.traced_share
     # compiled blocks trace peft's per-adapter Python into their graph: no host calls per adapter left
     eager = 0.0 if w.cfg.compile is True else HOST_PER_ADAPTER
     per_adapter = eager + (HOST_PER_ADAPTER_ZERO3 if w.strategy.name == "zero3" else 0.0)

@@ -75,11 +75,18 @@ class Workload:
 
     @property
     def recompute_traced(self) -> bool:
-        """Blocks recomputed whole have their checkpoint traced inside the compiled block (runner: ckpt_traced,
-        compiled per block; QLoRA where its 4-bit linears are plain ops, as for keeps_matmuls)."""
+        """Blocks recomputed whole have their checkpoint traced inside the compiled block (runner.
+        traces_whole_checkpoint; QLoRA where its 4-bit linears are plain ops, as for keeps_matmuls)."""
         if not (self.cfg.grad_ckpt and self.cfg.ckpt_traced and self.cfg.compile is True):
             return False
-        return self.cfg.compile_scope != "model" and (self.cfg.method != "qlora" or self.fusable_4bit)
+        if self.cfg.compile_scope == "model" or self.cfg.float8 != "off" or self.strategy.gathers_per_module:
+            return False
+        return self.cfg.method != "qlora" or self.fusable_4bit
+
+    @property
+    def traced_share(self) -> float:
+        """Blocks recomputed whole inside backward's compiled graph (recompute_traced)."""
+        return self.recomputed_share if self.recompute_traced else 0.0
 
     @property
     def fusable_4bit(self) -> bool:

@@ -114,7 +114,8 @@ def structures(base: RunConfig, space: Space) -> list[RunConfig]:
                 out.append(base.model_copy(update={
                     "strategy": strategy, "nproc_per_node": None if strategy == "single" else world // base.nnodes,
                     "optimizer": opt, "seq_len": seq, "compile": comp, "grad_ckpt": ckpt, "ckpt_every": every,
-                    "ckpt_keep": keep, "ckpt_keep_every": keep_every, "float8": f8}))
+                    "ckpt_keep": keep, "ckpt_keep_every": keep_every, "float8": f8,
+                    "ckpt_traced": base.ckpt_traced or not ckpt}))  # without checkpointing: the default
     if not out:
         raise UserError("nothing to tune: no strategy accepts this configuration at the world sizes asked")
     return out
