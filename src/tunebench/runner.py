@@ -56,7 +56,7 @@ from tunebench.models.shards import init_adapters
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import JobFigures, RankFigures, ResultRecord
 from tunebench.status import failure
-from tunebench.strategies import Strategy, check_strategy
+from tunebench.strategies import check_strategy
 from tunebench.units import GIB
 
 BIG_ON_CPU = 500_000_000  # parameters: above this a CPU run is announced and its build shows progress
@@ -159,13 +159,6 @@ class Trainable:
     ts: TrainStep
 
 
-def traces_whole_checkpoint(cfg: RunConfig, strategy: Strategy, scope: str | None) -> bool:
-    """Blocks recomputed whole get their checkpoint traced inside the compiled block (ckpt_traced). Not with float8
-    (torchao's matmuls are autograd functions too: what they save would be kept) nor where a strategy gathers
-    parameters inside each module's forward (ZeRO-3): neither measured so."""
-    return cfg.ckpt_traced and scope == "blocks" and cfg.float8 == "off" and not strategy.gathers_per_module
-
-
 def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: bool = False) -> Trainable:
     """The benchmark's and the training job's one way to build what trains (figures noted in `out`)."""
     cfg, spec, device, strategy = plan.cfg, plan.spec, plan.device, plan.strategy
@@ -189,7 +182,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
         checkpoint_every(ckpt_blocks, cfg.ckpt_every)
         if cfg.ckpt_keep == "matmuls":
             keep_matmuls(ckpt_blocks, cfg.ckpt_keep_every)
-        if traces_whole_checkpoint(cfg, strategy, scope):
+        if strategy.traces_whole_checkpoint(cfg):
             # not around 4-bit layers kept in another dtype (FSDP2, DeepSpeed): bitsandbytes' autograd functions,
             # inside which a traced checkpoint marks nothing for recompute (their matmuls' outputs would be kept)
             recompute_traced([b for b in ckpt_blocks if cfg.method != "qlora" or all_fusable(b)])

@@ -75,11 +75,9 @@ class Workload:
 
     @property
     def recompute_traced(self) -> bool:
-        """Blocks recomputed whole have their checkpoint traced inside the compiled block (runner.
+        """Blocks recomputed whole have their checkpoint traced inside the compiled block (Strategy.
         traces_whole_checkpoint; QLoRA where its 4-bit linears are plain ops, as for keeps_matmuls)."""
-        if not (self.cfg.grad_ckpt and self.cfg.ckpt_traced and self.cfg.compile is True):
-            return False
-        if self.cfg.compile_scope == "model" or self.cfg.float8 != "off" or self.strategy.gathers_per_module:
+        if not (self.cfg.grad_ckpt and self.strategy.traces_whole_checkpoint(self.cfg)):
             return False
         return self.cfg.method != "qlora" or self.fusable_4bit
 

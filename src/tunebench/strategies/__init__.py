@@ -66,6 +66,13 @@ class Strategy:
         # auto stays per block until the planner models the whole graph's memory and speed (its checkpointing too)
         return "blocks" if cfg.compile_scope == "auto" else cfg.compile_scope
 
+    def traces_whole_checkpoint(self, cfg: RunConfig) -> bool:
+        """Blocks recomputed whole get their checkpoint traced inside the compiled block (ckpt_traced, compiled per
+        block). Not with float8 (torchao's matmuls are autograd functions too: what they save would be kept) nor
+        where parameters are gathered inside each module's forward (ZeRO-3): neither measured so."""
+        return (cfg.ckpt_traced and self.compile_scope(cfg) == "blocks" and cfg.float8 == "off"
+                and not self.gathers_per_module)
+
     def check(self, cfg: RunConfig, world_size: int, packages: bool = True) -> None:
         """Refuse (UserError, one line) what this strategy cannot run, before anything is built.
         `packages`: also check that the packages it needs are installed here."""
