@@ -44,6 +44,9 @@
 #                                          #   ours with the checkpoint traced (default) and around the block (NPROC: 2)
 #   bash benchmarks/gpu_proof.sh ddpprof   # issue 15: TinyGPT DDP 1 -> NPROC (2) GPUs, our step and the plain one
 #                                          #   profiled on rank 0 (compute, NCCL, idle), then ours with NCCL_ENVS
+#   bash benchmarks/gpu_proof.sh ddpprobe  # issue 15: our DDP step's phases by CUDA events at 1 and NPROC (2) GPUs,
+#                                          #   per SCOPES (blocks model) and VARIANTS (base,no-sync; also no-mean, bf16),
+#                                          #   5 steps traced; BUCKET_MB; then SIDES of vs_plain_ddp.py at 1 and NPROC
 #   bash benchmarks/gpu_proof.sh packed7b  # issue 14: QLoRA with the packed 8-bit step vs HF; GPT-2 vs plain compile
 #   bash benchmarks/gpu_proof.sh nf4fused  # issue 14: QLoRA with the 4-bit dequantization fused in compiled blocks
 #   bash benchmarks/gpu_proof.sh nf4runs   # issue 14: the same, tunebench alone (memory free and checkpointed)
@@ -507,6 +510,22 @@ ddpprof)
     env ${e//,/ } python3 benchmarks/vs_plain_ddp.py --gpus ${NPROC:-2} --sides steps-ddp \
       --out "$OUT/ddpprof_${e//[=,]/_}.json" 2>&1 | grep -E "^(steps|    profile)" | sed "s|^|$e |"
   done
+  ;;
+ddpprobe)
+  probe() {  # probe WORLD ARGS...: one torchrun job, its table printed (its log's tail if it failed)
+    local log="$OUT/ddpprobe_$((++n)).log"
+    timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node "$@" > "$log" 2>&1 || tail -4 "$log"
+    grep -A12 "^scope=" "$log"
+  }
+  n=0
+  for scope in ${SCOPES:-blocks model}; do
+    for w in 1 ${NPROC:-2}; do
+      probe $w benchmarks/ddp_probe.py --scope $scope --variants ${VARIANTS:-base,no-sync} --trace 5 \
+        ${BUCKET_MB:+--bucket-mb $BUCKET_MB} --out "$OUT/ddpprobe_${scope}_w$w.json"
+    done
+  done
+  [ -n "${SIDES:-}" ] && python3 benchmarks/vs_plain_ddp.py --gpus 1,${NPROC:-2} --sides "$SIDES" \
+    --out "$OUT/ddpprobe_vs.json" 2>&1 | tail -6
   ;;
 keep7b)
   K="--model mistral-7b --seq-len 512 --batch-size 8 --steps 24 --warmup 8 --ours ${OURS:-ckpt,ckpt+mm,none}"

@@ -1,11 +1,12 @@
 """tunebench's DDP and ZeRO-2 against the plain scripts a user writes, TinyGPT (GPT-2 small) full fine-tune.
 
 Plain DDP: the nanoGPT-shaped model of `vs_plain_gpt.py` wrapped in `DistributedDataParallel` (default buckets),
-fp32 weights under bf16 autocast, fused AdamW, clipping at 1.0, optionally `torch.compile`d. Plain ZeRO-2: the
-same model through `deepspeed.initialize` with the config users copy (bf16, stage 2, overlap_comm, contiguous
-gradients, 5e8 buckets) and the same AdamW. Our sides: `tunebench.run` with strategy ddp or zero2 (compile as
-`auto` decides). Each side is its own torchrun job, one after the other in this one job on the same GPUs; each
-rank times the steps after `warmup`, and tokens/s is every rank's tokens over the slowest rank's time.
+fp32 weights under bf16 autocast, fused AdamW, clipping at 1.0, optionally `torch.compile`d (`plain-ddp-compile`:
+the DDP module compiled, as PyTorch's docs show). Plain ZeRO-2: the same model through `deepspeed.initialize` with
+the config users copy (bf16, stage 2, overlap_comm, contiguous gradients, 5e8 buckets) and the same AdamW. Our
+sides: `tunebench.run` with strategy ddp or zero2 (compile as `auto` decides; `ours-ddp-model`: the whole model
+compiled, `compile_scope: model`). Each side is its own torchrun job, one after the other in this one job on the
+same GPUs; each rank times the steps after `warmup`, and tokens/s is every rank's tokens over the slowest rank's time.
 `--gpus 1,4` runs every side at each world size and prints the scaling efficiency, tokens/s(N) / (N x tokens/s(1)).
 Where the step's time goes: `steps-ddp` (our DDP step built from the runner's pieces under torchrun, as `run`
 builds it) and `plain-ddp-prof` (the plain DDP side) each profile rank 0's steps after the timed ones (GPU time by
@@ -28,6 +29,7 @@ sys.path.insert(0, str(HERE))
 from sides import add_arguments, as_side_process, chosen, our_rank, run_side, save, start_rank, timed_rank  # noqa: E402
 
 SIDES = ("plain-ddp", "plain-ddp-compile", "plain-zero2", "ours-ddp", "ours-zero2", "ours-ddp-pure",  # -pure: bf16-pure
+         "ours-ddp-model",  # the whole model compiled (compile_scope: model)
          "steps-ddp", "plain-ddp-prof")  # our DDP step from the runner's pieces and the plain one, each profiled
 PROFILE_STEPS = 5
 
@@ -70,8 +72,9 @@ def plain_rank(a: argparse.Namespace) -> None:
 def _our_config(a: argparse.Namespace, side: str, world: int):
     from tunebench import RunConfig
 
-    strategy = side.removeprefix("ours-").removeprefix("steps-").removesuffix("-pure")
-    return RunConfig(model="tinygpt-124m", method="full", seq_len=a.seq_len, batch_size=a.batch_size,
+    strategy = side.removeprefix("ours-").removeprefix("steps-").removesuffix("-pure").removesuffix("-model")
+    whole = {"compile": True, "compile_scope": "model"} if side.endswith("-model") else {}
+    return RunConfig(model="tinygpt-124m", method="full", seq_len=a.seq_len, batch_size=a.batch_size, **whole,
                      steps=a.steps, warmup=a.warmup, optimizer="adamw_fused" if a.device == "cuda" else "adamw",
                      grad_clip=1.0, device=a.device, strategy=strategy,
                      precision="bf16-pure" if side.endswith("-pure") and a.device == "cuda" else "auto",

@@ -53,7 +53,8 @@ def single_losses(tmp_path_factory):
 EQUIV = ["--method", "full", "--precision", "fp32", "--lr", "5e-3", "--steps", "5"]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+# DDP also over the whole model compiled as one graph, which dynamo cuts where DDP's buckets end
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "ddp --compile --compile-scope model"])
 def test_same_losses_as_single(tmp_path, single_losses, strategy):
     """Same seed and global batch: the same loss at every step as one process.
 
@@ -63,8 +64,9 @@ def test_same_losses_as_single(tmp_path, single_losses, strategy):
     loss moves after the first update (about 0.03 at this learning rate), so a strategy that did
     not apply the averaged gradient would fail from step 2 on.
     """
-    rec = _run(tmp_path / "r.db", *EQUIV, "--strategy", strategy, "--nproc-per-node", "2", "--batch-size", "1")
+    rec = _run(tmp_path / "r.db", *EQUIV, "--strategy", *strategy.split(), "--nproc-per-node", "2", "--batch-size", "1")
     assert rec["status"] == "ok", rec["error"]
+    assert rec["metrics"]["compile_scope"] == ("model" if "--compile" in strategy else None)
     losses = rec["metrics"]["losses"]
     assert len(losses) == len(single_losses) == 5
     assert abs(single_losses[-1] - single_losses[0]) > 3e-3  # it trains

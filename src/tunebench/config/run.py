@@ -86,8 +86,8 @@ class RunConfig(BaseModel):
                             "(see compile_for)")
     compile_scope: Literal["auto", "blocks", "model"] = Field(
         "auto", description="with compile: blocks (each block its own graph; every strategy) or model (the whole "
-                            "model and its loss as one graph; strategy single; measured 1.35x blocks on GPT-2 "
-                            "full); auto: blocks, which the planner models", json_schema_extra=LATER)
+                            "model and its loss as one graph; strategies single and ddp; measured 1.35x blocks on "
+                            "GPT-2 full); auto: blocks, which the planner models", json_schema_extra=LATER)
     float8: Literal["off", "tensorwise", "rowwise"] = Field(
         "off", description="full fine-tuning: the blocks' linear layers compute in float8 through torchao (GPUs of "
                            "compute capability 8.9+; master weights and optimizer state unchanged); tensorwise: one "

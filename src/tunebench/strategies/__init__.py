@@ -30,8 +30,9 @@ class Strategy:
     # from another module's forward (see fused_head, lora_siblings)
     gathers_per_module: bool = False
     deepspeed: bool = False  # runs through DeepSpeed: needs the package, shards the optimizer itself
-    # compile_scope=model works: the model and its loss compiled as one graph. Not under a wrapper that needs
-    # its hooks between blocks (DDP's buckets, FSDP's gathers, DeepSpeed's partitions): blocks there.
+    # compile_scope=model works: the model and its loss compiled as one graph. Under DDP dynamo cuts that graph
+    # where DDP's buckets end (its DDPOptimizer), so buckets still reduce while backward runs; not under FSDP's
+    # gathers or DeepSpeed's partitions, whose hooks run between blocks: blocks there.
     whole_compile: bool = False
     # builds the model on meta and makes each rank's shards only (never the whole model on one GPU): apply
     # takes `materialize`, called once the meta model is sharded
@@ -68,10 +69,9 @@ class Strategy:
 
     def traces_whole_checkpoint(self, cfg: RunConfig) -> bool:
         """Blocks recomputed whole get their checkpoint traced inside the compiled block (ckpt_traced, compiled per
-        block). Not with float8 (torchao's matmuls are autograd functions too: what they save would be kept) nor
-        where parameters are gathered inside each module's forward (ZeRO-3): neither measured so."""
-        return (cfg.ckpt_traced and self.compile_scope(cfg) == "blocks" and cfg.float8 == "off"
-                and not self.gathers_per_module)
+        block); float8's too (torchao's matmuls: the forward keeps only the blocks' inputs, measured on an H200).
+        Not where parameters are gathered inside each module's forward (ZeRO-3): not measured so."""
+        return cfg.ckpt_traced and self.compile_scope(cfg) == "blocks" and not self.gathers_per_module
 
     def check(self, cfg: RunConfig, world_size: int, packages: bool = True) -> None:
         """Refuse (UserError, one line) what this strategy cannot run, before anything is built.
@@ -85,7 +85,7 @@ class Strategy:
             raise UserError(f"invalid strategy={self.name} with {world_size} processes: use {others}")
         if cfg.compile and cfg.compile_scope == "model" and not self.whole_compile:
             raise UserError(f"invalid compile_scope=model with strategy={self.name}: its hooks run between blocks; "
-                            "use compile_scope=blocks (or strategy=single)")
+                            "use compile_scope=blocks (or strategy=single or ddp)")
         if self.deepspeed and cfg.precision == "bf16-pure":
             raise UserError(f"invalid precision=bf16-pure with strategy={self.name}: DeepSpeed's bf16 mode keeps fp32 "
                             "master weights in its optimizer; use precision=bf16 (it already computes in bf16)")
@@ -128,7 +128,7 @@ class Strategy:
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("single", "one process, no wrapping", "single", one_process=True, whole_compile=True),
-    Strategy("ddp", "PyTorch DDP: full replicas, gradients all-reduced in buckets", "ddp"),
+    Strategy("ddp", "PyTorch DDP: full replicas, gradients all-reduced in buckets", "ddp", whole_compile=True),
     Strategy("fsdp", "FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded", "fsdp",
              meta_init=True),
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero", {"stage": 2},

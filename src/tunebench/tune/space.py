@@ -1,7 +1,7 @@
 """What `tunebench tune` may change, and every configuration that results.
 
 A *structure* fixes everything but the micro-batch: strategy and world size, checkpointing (none, every block
-keeping its matmuls' outputs, one block in four keeping them, every other block, every block), compile,
+keeping its matmuls' outputs, one block in four or eight keeping them, every other block, every block), compile,
 optimizer, float8 (full fine-tunes on GPUs with float8 tensor cores, where torchao is installed; not under
 DeepSpeed), and the sequence length when the user lets it change (it changes the workload). Micro-batches are
 powers of two; with a global batch held, the gradient accumulation follows (batch x accumulation x GPUs = global
@@ -19,9 +19,10 @@ from tunebench.format import kept_label
 from tunebench.strategies import STRATEGIES
 
 # (grad_ckpt, ckpt_every, ckpt_keep, ckpt_keep_every): none, op-level selective (matmuls kept), one block in four
-# keeping its matmuls and the others recomputed (between the two, for a memory bound), every other block, full
-CHECKPOINTING = ((False, 1, "input", 1), (True, 1, "matmuls", 1), (True, 1, "matmuls", 4), (True, 2, "input", 1),
-                 (True, 1, "input", 1))
+# or in eight keeping its matmuls and the others recomputed (between the two, for a memory bound: one in eight is
+# what fit Hugging Face Trainer's memory for Mistral-7B QLoRA s512 b8), every other block, full
+CHECKPOINTING = ((False, 1, "input", 1), (True, 1, "matmuls", 1), (True, 1, "matmuls", 4), (True, 1, "matmuls", 8),
+                 (True, 2, "input", 1), (True, 1, "input", 1))
 COMPILE_WORD = {True: " compile", "auto": " compile:auto", False: ""}
 LEVERS = ("strategy", "checkpointing", "compile", "optimizer", "float8", "batch")  # what --fixed can hold
 MAX_BATCH = 1024
