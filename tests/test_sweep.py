@@ -106,13 +106,13 @@ def test_sweep_records_every_failure_kind_and_goes_on(tmp_path):
 
 def test_killed_sweep_resumes_to_exactly_one_ok_per_configuration(tmp_path):
     path = _suite(tmp_path, [{"name": f"r{r}", "method": "lora", "lora_rank": r, "tag": ["t-resume"]}
-                             for r in (2, 4, 8, 16)], "k")
+                             for r in (2, 4, 8)], "k")
     store = tmp_path / "r.db"
     sweep = subprocess.Popen([sys.executable, "-m", "tunebench.cli", "sweep", str(path), "--store", str(store)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:
-        if store.exists() and Store(store).count() >= 2:
+        if store.exists() and Store(store).count() >= 1:
             break
         time.sleep(0.3)
     sweep.send_signal(signal.SIGKILL)
@@ -121,17 +121,17 @@ def test_killed_sweep_resumes_to_exactly_one_ok_per_configuration(tmp_path):
     with Store(store) as s:
         done = list(s.records())
         sweep_id = done[0].sweep_id
-        assert 2 <= len(done) < 4 and all(r.status == "ok" for r in done)
+        assert 1 <= len(done) < 3 and all(r.status == "ok" for r in done)
     p = cli_subprocess("sweep", "--resume", sweep_id, "--store", str(store), "--json", timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     with Store(store) as s:
         recs = [r for r in s.records() if r.sweep_id == sweep_id]
-        assert sorted(r.config["lora_rank"] for r in recs if r.status == "ok") == [2, 4, 8, 16]
-        assert len(recs) == 4
+        assert sorted(r.config["lora_rank"] for r in recs if r.status == "ok") == [2, 4, 8]
+        assert len(recs) == 3
     again = cli_subprocess("sweep", "--resume", sweep_id, "--store", str(store), timeout=120)
     assert again.returncode == 0 and "0 runs to do" in again.stderr
     with Store(store) as s:
-        assert s.count() == 4
+        assert s.count() == 3
 
 
 def test_repeats_give_mean_std_and_cv(tmp_path):
