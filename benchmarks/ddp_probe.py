@@ -61,7 +61,9 @@ def probe(a: argparse.Namespace) -> None:
     if a.bucket_mb is not None:
         with_buckets(a.bucket_mb)
     ctx = from_env()
-    cfg = _our_config(a, "steps-ddp", ctx.world_size).model_copy(update={"compile_scope": a.scope})
+    # compiled as asked (auto would leave small shapes and the CPU eager, under either scope's name)
+    cfg = _our_config(a, "steps-ddp", ctx.world_size).model_copy(
+        update={"compile": a.device == "cuda", "compile_scope": a.scope})
     plan = preflight(cfg, ctx.local_rank)
     dev, cuda = plan.device, plan.device.type == "cuda"
     results = []
@@ -70,19 +72,22 @@ def probe(a: argparse.Namespace) -> None:
         ts = t.ts
         data = SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, dev, cfg.seed, ctx.rank,
                                ctx.world_size)
-        for variant in a.variants.split(","):
-            if variant == "bf16":
+        for variant in a.variants:
+            if variant == "bf16":  # last (checked): the hook stays; the trace is of the step as `run` takes it
+                if a.trace and cuda:
+                    results.append(trace(a, ts, data, ctx))
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
                 ts.module.register_comm_hook(None, default_hooks.bf16_compress_hook)
             results.append(run_variant(a, variant, ts, data, ctx, dev, cuda))
             dist.barrier()
-        if a.trace and cuda:
+        if a.trace and cuda and "bf16" not in a.variants:
             results.append(trace(a, ts, data, ctx))
+        scope = plan.strategy.compile_scope(plan.cfg)
         everyone = [None] * ctx.world_size
         dist.all_gather_object(everyone, results)
         if ctx.rank == 0:
-            report(a, cfg, everyone)
+            report(a, scope, everyone)
         dist.barrier()
 
 
@@ -174,11 +179,11 @@ def length(spans: list[tuple[int, int]]) -> int:
     return sum(e - s for s, e in spans)
 
 
-def report(a: argparse.Namespace, cfg, everyone: list[list[dict]]) -> None:
+def report(a: argparse.Namespace, scope: str | None, everyone: list[list[dict]]) -> None:
     traced = [r for per_rank in everyone for r in per_rank if r["variant"] == "trace"]
     rows = [r for per_rank in everyone for r in per_rank if r["variant"] != "trace"]
     keys = [k for k in rows[0] if k.startswith(("host_ms", "gpu_ms", "wall"))]
-    print(f"scope={cfg.compile_scope} bucket_mb={a.bucket_mb or 25} world={rows[0]['world']}")
+    print(f"scope={scope or 'eager'} bucket_mb={a.bucket_mb or 25} world={rows[0]['world']}")
     print(f"{'variant':<9}{'rank':>5}{'tok/s/GPU':>11}" + "".join(f"{k:>18}" for k in keys))
     for r in rows:
         print(f"{r['variant']:<9}{r['rank']:>5}{r['tokens_per_s']:>11,.0f}" + "".join(f"{r[k]:>18.2f}" for k in keys))
@@ -187,7 +192,7 @@ def report(a: argparse.Namespace, cfg, everyone: list[list[dict]]) -> None:
               f"NCCL {r['nccl_ms']:.2f} (exposed {r['nccl_exposed_ms']:.2f}), idle {r['idle_ms']:.2f}")
     if a.out:
         tmp = Path(a.out + ".tmp")
-        tmp.write_text(json.dumps({"scope": cfg.compile_scope, "bucket_mb": a.bucket_mb, "rows": rows + traced},
+        tmp.write_text(json.dumps({"scope": scope, "bucket_mb": a.bucket_mb, "rows": rows + traced},
                                   indent=1))
         tmp.replace(a.out)
 
@@ -204,7 +209,17 @@ def main() -> None:
     p.add_argument("--trace", type=int, default=0, help="then this many steps traced (GPU kernels only)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"from {', '.join(VARIANTS)} (bf16 last)")
     p.add_argument("--out", help="write every rank's figures as JSON here")
-    probe(p.parse_args())
+    a = p.parse_args()
+    a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    if bad := [v for v in a.variants if v not in VARIANTS]:
+        p.error(f"unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
+    if "bf16" in a.variants[:-1]:
+        p.error("bf16 goes last: its hook stays registered for every step after it")
+    if a.steps - a.warmup < 2:
+        p.error("--steps must exceed --warmup by 2 or more (a step's time is between two timed steps)")
+    if a.scope == "model" and a.bucket_mb is not None and a.bucket_mb < 1:
+        p.error("--bucket-mb below 1 with --scope model: dynamo's cut wants DDP's first bucket (1 MiB) no larger")
+    probe(a)
 
 
 if __name__ == "__main__":

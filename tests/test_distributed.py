@@ -53,8 +53,7 @@ def single_losses(tmp_path_factory):
 EQUIV = ["--method", "full", "--precision", "fp32", "--lr", "5e-3", "--steps", "5"]
 
 
-# DDP also over the whole model compiled as one graph, which dynamo cuts where DDP's buckets end
-@pytest.mark.parametrize("strategy", [*STRATEGIES, "ddp --compile --compile-scope model"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_same_losses_as_single(tmp_path, single_losses, strategy):
     """Same seed and global batch: the same loss at every step as one process.
 
@@ -64,13 +63,39 @@ def test_same_losses_as_single(tmp_path, single_losses, strategy):
     loss moves after the first update (about 0.03 at this learning rate), so a strategy that did
     not apply the averaged gradient would fail from step 2 on.
     """
-    rec = _run(tmp_path / "r.db", *EQUIV, "--strategy", *strategy.split(), "--nproc-per-node", "2", "--batch-size", "1")
+    rec = _run(tmp_path / "r.db", *EQUIV, "--strategy", strategy, "--nproc-per-node", "2", "--batch-size", "1")
     assert rec["status"] == "ok", rec["error"]
-    assert rec["metrics"]["compile_scope"] == ("model" if "--compile" in strategy else None)
     losses = rec["metrics"]["losses"]
     assert len(losses) == len(single_losses) == 5
     assert abs(single_losses[-1] - single_losses[0]) > 3e-3  # it trains
     assert losses == pytest.approx(single_losses, abs=1e-4)
+
+
+def test_ddp_over_the_whole_compiled_model_cuts_it_at_the_buckets(tmp_path):
+    """compile_scope=model under DDP: dynamo cuts the graph where DDP's buckets end (a model past DDP's first
+    1 MiB bucket comes out as two graphs, so the first bucket is reduced while backward still runs), and two
+    processes take the losses of one eager process with the whole batch."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from tunebench import RunConfig, run
+
+    folder = tmp_path / "model"  # 5.5 MiB of fp32 parameters
+    torch.manual_seed(0)  # the same weights every time: a loss curve known to move
+    AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=128)).save_pretrained(folder)
+    one = run(RunConfig(model=str(folder), device="cpu", seq_len=64, steps=5, warmup=1, method="full",
+                        precision="fp32", lr=5e-3, batch_size=2, telemetry=False))
+    argv = ["--model", str(folder), *DIST[2:], *EQUIV, "--strategy", "ddp", "--nproc-per-node", "2", "--batch-size",
+            "1", "--compile", "--compile-scope", "model", "--no-store"]
+    p = cli_subprocess("run", *argv, env={"TORCH_LOGS": "ddp_graphs"}, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = json.loads(p.stdout)
+    assert one.status == rec["status"] == "ok" and rec["metrics"]["compile_scope"] == "model"
+    assert "---submod_1 graph---" in p.stderr and "---submod_2 graph---" not in p.stderr
+    assert abs(one.metrics.losses[-1] - one.metrics.losses[0]) > 3e-3  # it trains
+    assert rec["metrics"]["losses"] == pytest.approx(one.metrics.losses, abs=1e-4)
 
 
 def test_hybrid_sharding_same_losses_as_single(tmp_path, single_losses):

@@ -7,7 +7,7 @@
   attention    causal flash attention, forward + backward (2.5x), at 45% of the dense peak
   elementwise  memory-bound kernels: 8.6-10.5 bytes moved per byte an op keeps for backward, 5.8-6.5 compiled
                (measured per architecture on an H200), the loss's fp32 logits, QLoRA's dequantization
-  optimizer    ~118 bytes moved per trained parameter (AdamW with clipping: measured, fused or foreach);
+  optimizer    bytes moved per trained parameter (AdamW with clipping, measured: ~118 foreach, ~77 fused);
                offload=optimizer: DeepSpeed's CPU Adam on the host's cores shared by the node's GPUs, and the
                gradients' and weights' copies over PCIe, after backward
   host         Python per block and micro-batch (hooks of FSDP2 and ZeRO-3, peft's calls when not compiled):
