@@ -291,6 +291,7 @@ def test_resume_refuses_another_job(tb, local, tmp_path):
     code, _, err = tb(*_args(local, "--max-steps", "6", "--lr", "1e-4", "--output-dir", str(out), "--resume",
                              "latest", "--no-store"))
     assert code == 2 and "checkpoint is of another job: config" in err
+    assert "fields changed: lr 0.003 there, 0.0001 here" in err  # what changed, not only the hashes
 
 
 def test_prediction_from_a_stored_benchmark(tb, local, tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 from tunebench.api.plan import what_ran
 from tunebench.api.records import finalize
 from tunebench.config import RunConfig, TrainConfig, workload_key
+from tunebench.config.base import identity as hashed_fields
 from tunebench.console import say
 from tunebench.data.prepare import Prepared, split_and_prepare
 from tunebench.data.tokenizer import fingerprint, load_tokenizer
@@ -87,11 +88,12 @@ def _prepare(cfg: TrainConfig, plan) -> tuple[JobInputs, Prepared]:
     say(f"data: {st['examples']:,} examples ({st['shape']}) -> {st['rows']:,} rows of {st['seq_len']} tokens, "
         f"{st['tokens']:,} tokens ({st['trained_tokens']:,} trained); {st['truncated']} truncated, {st['split']} "
         f"split, {st['dropped']} dropped" + (f"; validation {eval_rows.stats['rows']:,} rows" if eval_rows else ""))
-    identity = {"config": cfg.run_config().model_copy(update={"fault": None}).config_hash(),
+    run_cfg = cfg.run_config().model_copy(update={"fault": None})
+    identity = {"config": run_cfg.config_hash(),
                 "data": st["fingerprint"], "tokenizer": fingerprint(tok),
                 "seq_len": cfg.seq_len, "world_size": plan.world_size}
     if ck:
-        output.check_resume(ck, identity)
+        output.check_resume(ck, identity, hashed_fields(RunConfig, run_cfg.model_dump()))
         say(f"train: resuming from {ck}")
     tok_dir = cfg.tokenizer or str(plan.spec.path)
     inputs = JobInputs(str(train_rows.path), str(eval_rows.path) if eval_rows else None, tok_dir,

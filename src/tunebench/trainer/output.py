@@ -46,14 +46,29 @@ def claim(out: Path, resume: str | None, overwrite: bool) -> Path | None:
     return None
 
 
-def check_resume(ck: Path, identity: dict[str, Any]) -> None:
-    """The checkpoint must be of this job: same configuration, data, tokenizer and world size."""
+def check_resume(ck: Path, identity: dict[str, Any], fields: dict[str, Any] | None = None) -> None:
+    """The checkpoint must be of this job: same configuration, data, tokenizer and world size. `fields`: this
+    job's configuration fields that make its hash, to name those that changed (a default that changed included)."""
     theirs = checkpoint.read_state(ck).get("identity", {})
     differs = [k for k in identity if theirs.get(k) != identity[k]]
     if differs:
         what = ", ".join(f"{k} ({theirs.get(k)} there, {identity[k]} here)" for k in differs)
+        changed = _changed_fields(ck.parent.parent / "run.json", fields) if "config" in differs and fields else ""
+        what += f"; fields changed: {changed}" if changed else ""
         raise UserError(f"invalid resume={ck}: the checkpoint is of another job: {what}; resume with the same "
                         "configuration (a different world size cannot continue the same data order)")
+
+
+def _changed_fields(run_json: Path, fields: dict[str, Any]) -> str:
+    """The hashed fields of the job that wrote `run_json` that differ from `fields` ("" where unknown)."""
+    from tunebench.config import TrainConfig
+
+    try:
+        before = TrainConfig.model_validate(json.loads(run_json.read_text())["config"]).run_config().model_dump()
+    except (OSError, ValueError, KeyError):
+        return ""
+    return ", ".join(f"{k} {before.get(k)!r} there, {v!r} here" for k, v in fields.items()
+                     if k in before and before[k] != v)
 
 
 def write_identity(out: Path, identity: dict[str, Any], cfg) -> None:
