@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tunebench.config import TrainConfig
 from tunebench.engine import checkpoint
 from tunebench.errors import UserError
 from tunebench.files import write_text
@@ -61,10 +62,9 @@ def check_resume(ck: Path, identity: dict[str, Any], fields: dict[str, Any] | No
 
 def _changed_fields(run_json: Path, fields: dict[str, Any]) -> str:
     """The hashed fields of the job that wrote `run_json` that differ from `fields` ("" where unknown)."""
-    from tunebench.config import TrainConfig
-
     try:
-        before = TrainConfig.model_validate(json.loads(run_json.read_text())["config"]).run_config().model_dump()
+        job = TrainConfig.model_validate(json.loads(run_json.read_text())["config"])
+        before = job.run_config().model_copy(update={"fault": None}).model_dump()  # as the identity hashes it
     except (OSError, ValueError, KeyError):
         return ""
     return ", ".join(f"{k} {before.get(k)!r} there, {v!r} here" for k, v in fields.items()
