@@ -88,7 +88,7 @@ def _prepare(cfg: TrainConfig, plan) -> tuple[JobInputs, Prepared]:
     say(f"data: {st['examples']:,} examples ({st['shape']}) -> {st['rows']:,} rows of {st['seq_len']} tokens, "
         f"{st['tokens']:,} tokens ({st['trained_tokens']:,} trained); {st['truncated']} truncated, {st['split']} "
         f"split, {st['dropped']} dropped" + (f"; validation {eval_rows.stats['rows']:,} rows" if eval_rows else ""))
-    run_cfg = cfg.run_config().model_copy(update={"fault": None})
+    run_cfg = cfg.identity_config()
     identity = {"config": run_cfg.config_hash(),
                 "data": st["fingerprint"], "tokenizer": fingerprint(tok),
                 "seq_len": cfg.seq_len, "world_size": plan.world_size}

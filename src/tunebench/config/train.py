@@ -94,3 +94,8 @@ class TrainConfig(RunConfig):
         """The benchmark configuration of this job: what `tunebench run` measures for it."""
         keys = set(RunConfig.model_fields) - {"steps", "warmup"}
         return RunConfig.model_validate({k: getattr(self, k) for k in keys} | {"steps": 20, "warmup": 10})
+
+    def identity_config(self) -> RunConfig:
+        """The configuration a checkpoint of this job is identified by (resume): its benchmark's, any injected
+        fault left out."""
+        return self.run_config().model_copy(update={"fault": None})

@@ -63,8 +63,7 @@ def check_resume(ck: Path, identity: dict[str, Any], fields: dict[str, Any] | No
 def _changed_fields(run_json: Path, fields: dict[str, Any]) -> str:
     """The hashed fields of the job that wrote `run_json` that differ from `fields` ("" where unknown)."""
     try:
-        job = TrainConfig.model_validate(json.loads(run_json.read_text())["config"])
-        before = job.run_config().model_copy(update={"fault": None}).model_dump()  # as the identity hashes it
+        before = TrainConfig.model_validate(json.loads(run_json.read_text())["config"]).identity_config().model_dump()
     except (OSError, ValueError, KeyError):
         return ""
     return ", ".join(f"{k} {before.get(k)!r} there, {v!r} here" for k, v in fields.items()
