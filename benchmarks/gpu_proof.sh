@@ -70,6 +70,8 @@
 #                                          #   Llama-3-8B FSDP2 without checkpointing vs the plain script (the compiled loss)
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
 #                                          #   three ways (ckpt_keep matmuls), the checkpointed one profiled
+#   bash benchmarks/gpu_proof.sh autoscope # issue 14: compile_scope auto = model for full fine-tuning (GPT-2, Llama-3.2-1B
+#                                          #   against blocks), dropout 0, float8 frozen-base matmuls probed
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -203,6 +205,16 @@ tune4)
   tb tune --model tinygpt-124m --strategy ddp --nproc-per-node 4 --batch-size 1 --grad-accum 4 --seq-len 2048 \
     --optimizer adamw_fused --gpus 4 --global-batch 16 --max-runs 10 --max-minutes 5 --out "$OUT/tune-tinygpt" \
     --json > "$OUT/tune-tinygpt.json"
+  ;;
+autoscope)
+  export CUDA_VISIBLE_DEVICES=0
+  python3 benchmarks/kernels_vs.py --ops base_fp8 --reps 30 --out "$OUT/base_fp8.json" 2>&1 | grep -v Warn | tail -3
+  gpt="--model tinygpt-124m --seq-len 2048 --batch-size 8 --steps 30 --warmup 10 --tag autoscope"
+  llama="--model llama-3.2-1b --seq-len 2048 --batch-size 2 --steps 20 --warmup 8 --tag autoscope"
+  for args in "$gpt" "$gpt --dropout 0 --precision bf16-pure" "$llama" "$llama --compile-scope blocks"; do
+    tb run $args 2>&1 | grep -v "step [0-9]*/" | tail -3
+  done
+  tb results export --format jsonl -o "$OUT/results.jsonl"
   ;;
 plaingpt)
   # issue 14: each side its own process, one after the other; where the GPU time goes with --profile
@@ -433,6 +445,7 @@ attngpt)  # cuDNN's SDPA first vs flash's: its GPU tests; GPT-2 small whole mode
 gputests)
   CUDA_VISIBLE_DEVICES=${GPU:-0} python3 -m pytest -q -p no:cacheprovider tests/test_loss.py tests/test_optim.py \
     tests/test_nf4.py tests/test_offload.py tests/test_lora_siblings.py tests/test_attn_kernel.py \
+    tests/test_float8_frozen.py tests/test_compile.py tests/test_models.py \
     tests/test_recompute.py::test_traced_blocks_keep_only_their_input 2>&1 | tail -4
   ;;
 nf4fused)

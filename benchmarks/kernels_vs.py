@@ -10,6 +10,12 @@ requiring gradients as in LoRA training (the frozen weights not), median of CUDA
   eager, compiled), tunebench's fused chunked loss (engine.loss), Liger's fused linear cross-entropy;
 - `attention`, `attention_gpt2`: causal SDPA by each backend (flash, memory-efficient, cuDNN) on Mistral-7B's
   shapes and on GPT-2 small's (s2048 b8, with and without its attention dropout);
+- `base_fp8`: a frozen base's seven linears of one Mistral block (q, k, v, o, gate, up, down), the forward's
+  product and the input's gradient (what LoRA/QLoRA compute with them): bf16 matmuls against float8 (e4m3) ones
+  with rowwise scales (`torch._scaled_mm`), each side one compiled function, the activations and gradients
+  quantized inside the timing, the weights beforehand (as a dequantization kernel could write them once a step);
+- `nf4_float8`: one 4-bit weight (14336 x 4096) dequantized to bf16, and to float8 by models.nf4_kernel, and the
+  float8 weight transposed;
 - `layers`: `--layers` Mistral decoder layers with LoRA r16 on every linear (peft), forward + backward of the
   stack: eager, compiled per block (as tunebench runs), Liger's kernels patched in (eager, and compiled per block);
   and under bf16 autocast with fp32 adapters (as tunebench trains), compiled, the LoRA siblings (q/k/v, gate/up)
@@ -224,8 +230,65 @@ def op_attention_gpt2(a, dev, dt) -> dict[str, Callable]:
     return _attention((8, 12, 2048, 64) if dev.type == "cuda" else (1, 2, 128, 64), (0.0, 0.1), dev, dt)
 
 
+def _rowwise_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """t in float8 e4m3 with one scale per row (what _scaled_mm multiplies back)."""
+    amax = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    scale = torch.finfo(torch.float8_e4m3fn).max / amax
+    return (t.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), 1.0 / scale
+
+
+def op_base_fp8(a, dev, dt) -> dict[str, Callable]:
+    """One Mistral block's frozen linears, y = x Wᵀ and dx = dy W each: bf16 against float8 rowwise. Each side is
+    one compiled function (no autograd, no Python between the matmuls), so that only the GPU's work differs."""
+    shapes = [(HIDDEN, HIDDEN), (KV_HEADS * HEAD_DIM, HIDDEN), (KV_HEADS * HEAD_DIM, HIDDEN), (HIDDEN, HIDDEN),
+              (INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)]
+    if dev.type != "cuda":
+        return {}  # float8 matmuls need a GPU with them (Hopper, Ada)
+    weights = [torch.randn(o, i, device=dev, dtype=dt) * 0.02 for o, i in shapes]
+    xs = [torch.randn(a.tokens, i, device=dev, dtype=dt) for _, i in shapes]
+    dys = [torch.randn(a.tokens, o, device=dev, dtype=dt) for o, _ in shapes]
+    # the weights quantized beforehand, per output row (forward) and per input column stored (in, out) (backward)
+    w8 = [(*_rowwise_fp8(w), *_rowwise_fp8(w.t().contiguous())) for w in weights]
+
+    @torch.compile
+    def bf16():
+        return [(x @ w.t(), dy @ w) for w, x, dy in zip(weights, xs, dys)]
+
+    def fp8_products():
+        out = []
+        for (wq, ws, wtq, wts), x, dy in zip(w8, xs, dys):
+            xq, xs_ = _rowwise_fp8(x)
+            dyq, dys_ = _rowwise_fp8(dy)
+            out.append((torch._scaled_mm(xq, wq.t(), scale_a=xs_, scale_b=ws.t(), out_dtype=dt),
+                        torch._scaled_mm(dyq, wtq.t(), scale_a=dys_, scale_b=wts.t(), out_dtype=dt)))
+        return out
+    fp8 = torch.compile(fp8_products)
+    exact, approx = weights[0] @ xs[0][:256].t(), fp8()[0][0][:256].t()
+    print(f"base_fp8: float8's relative error on q's output {float((approx - exact).norm() / exact.norm()):.4f}")
+    return {"bf16": bf16, "float8-rowwise": fp8}
+
+
+def op_nf4_float8(a, dev, dt) -> dict[str, Callable]:
+    """Mistral-7B's up projection (14336 x 4096, NF4, nested) from 4 bits: to bf16 (what the bf16 path reads), to
+    float8 per row (scales from the absmax included, eager here), and that transposed (what backward multiplies)."""
+    if dev.type != "cuda":
+        return {}
+    import bitsandbytes.functional as BF
+
+    from tunebench.models import nf4, nf4_kernel
+
+    packed, qs = BF.quantize_4bit(torch.randn(INTER, HIDDEN, device=dev, dtype=dt), blocksize=64, quant_type="nf4",
+                                  compress_statistics=True)
+    nest = (qs.state2.code, qs.state2.absmax, qs.offset)
+    w8 = nf4.float8_weight(packed, qs.absmax, qs.code, *nest, 64, (INTER, HIDDEN))[0]
+    return {"bf16": lambda: nf4_kernel.dequantize(packed, qs.absmax, qs.code, 64, (INTER, HIDDEN), dt, *nest),
+            "float8": lambda: nf4.float8_weight(packed, qs.absmax, qs.code, *nest, 64, (INTER, HIDDEN)),
+            "float8 transposed": lambda: w8.t().contiguous()}
+
+
 OPS = {"rmsnorm": op_rmsnorm, "swiglu": op_swiglu, "rope": op_rope, "loss": op_loss, "layers": op_layers,
-       "attention": op_attention, "attention_gpt2": op_attention_gpt2}
+       "attention": op_attention, "attention_gpt2": op_attention_gpt2, "base_fp8": op_base_fp8,
+       "nf4_float8": op_nf4_float8}
 
 
 def main() -> None:
@@ -245,6 +308,9 @@ def main() -> None:
     for name in a.ops.split(","):
         variants = OPS[name](a, dev, dt)
         results[name] = {}
+        if not variants:
+            print(f"{name}: not run on {dev.type}")
+            continue
         for v, step in variants.items():
             try:
                 results[name][v] = timed(step, a.reps, warmup=3)

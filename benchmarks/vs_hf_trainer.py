@@ -63,6 +63,8 @@ VARIANTS = {"ckpt": dict(grad_ckpt=True), "ckpt+mm": dict(grad_ckpt=True, ckpt_k
             "ckpt+mm+off": dict(grad_ckpt=True, ckpt_keep="matmuls", offload="activations")}
 # one checkpointed block in N keeping its matmuls, the others only their input (ckpt_keep_every: N)
 VARIANTS |= {f"ckpt+mm1/{n}": dict(grad_ckpt=True, ckpt_keep="matmuls", ckpt_keep_every=n) for n in range(2, 9)}
+# each of those with the frozen base's matmuls in float8, rowwise scaled (float8: rowwise; models.float8_frozen)
+VARIANTS |= {f"{name}/f8": dict(options, float8="rowwise") for name, options in list(VARIANTS.items())}
 # each of those with the LoRA siblings (q/k/v, gate/up) run apart, as peft runs them (lora_fused: false)
 VARIANTS |= {f"{name}/apart": dict(options, lora_fused=False) for name, options in list(VARIANTS.items())}
 # each of those with SDPA's cuDNN kernel first (attn_kernel: cudnn; auto keeps PyTorch's order, flash first)

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 GIB = 1024**3
 SIDES = ("plain", "plain-compile", "plain-nodrop", "plain-compile-nodrop", "ours", "ours-blocks", "ours-model",
          "ours-pure", "ours-blocks-pure", "ours-model-pure",  # -pure: precision bf16-pure (bf16 weights, no autocast)
-         "ours-model-cudnn", "ours-model-pure-cudnn")  # -cudnn: SDPA's cuDNN kernel first (attn_kernel: cudnn)
+         "ours-model-cudnn", "ours-model-pure-cudnn",  # -cudnn: SDPA's cuDNN kernel first (attn_kernel: cudnn)
+         "ours-model-nodrop", "ours-model-pure-nodrop")  # -nodrop: dropout 0 (as plain-compile-nodrop)
 VOCAB, LAYERS, HIDDEN, HEADS = 50257, 12, 768, 12
 
 
@@ -128,16 +129,19 @@ def _cfg(a: argparse.Namespace, scope: str | None, precision: str = "bf16"):
 def side_ours(a: argparse.Namespace, side: str) -> dict:
     from tunebench import run
 
-    kind = side.removesuffix("-cudnn")
+    kind = side.removesuffix("-nodrop").removesuffix("-cudnn")
     scope = kind.removeprefix("ours").removesuffix("-pure").removeprefix("-") or None
     cfg = _cfg(a, scope, "bf16-pure" if kind.endswith("-pure") else "bf16")
     if side.endswith("-cudnn"):
         cfg = cfg.model_copy(update={"attn_kernel": "cudnn"})
+    if side.endswith("-nodrop"):
+        cfg = cfg.model_copy(update={"dropout": 0.0})
     rec = run(cfg)
     m = rec.metrics
     out = {"side": side, "status": rec.status, "error": rec.error, "compile_s": m.compile_s,
            "tokens_per_s": m.tokens_per_s, "peak_alloc_gib": m.peak_mem_allocated_bytes / GIB
-           if m.peak_mem_allocated_bytes else None, "loss_last": m.loss_last, "setup_s": m.setup_s, "mfu": m.mfu}
+           if m.peak_mem_allocated_bytes else None, "loss_last": m.loss_last, "setup_s": m.setup_s, "mfu": m.mfu,
+           "mfu_noncausal": m.mfu_noncausal}
     if rec.status == "ok" and a.device == "cuda":
         # the harness's overhead: the same step (same kernels, same graphs) in a bare loop, in this process
         step = _our_step(cfg)
@@ -305,7 +309,8 @@ def _print(a: argparse.Namespace, results: list[dict]) -> None:
             continue
         ratios = "".join(f"{r['tokens_per_s'] / ok[ref]['tokens_per_s']:>24.3f}" for ref in refs)
         gib = r["peak_alloc_gib"] or float("nan")
-        print(f"{r['side']:<22}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{gib:>10.2f}{ratios}")
+        mfu = f"   MFU {r['mfu']:.1%} (attention counted whole: {r['mfu_noncausal']:.1%})" if r.get("mfu") else ""
+        print(f"{r['side']:<22}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{gib:>10.2f}{ratios}{mfu}")
     for r in results:
         if r.get("bare_tokens_per_s"):
             print(f"{r['side']}: a bare loop of the same step ran {r['bare_tokens_per_s']:,.0f} tokens/s: the "

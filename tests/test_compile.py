@@ -12,10 +12,10 @@ from tunebench.strategies import STRATEGIES
 
 
 @pytest.mark.parametrize("strategy,method,scope,expected", [
-    ("single", "full", "auto", "blocks"),  # what the planner models
+    ("single", "full", "auto", "model"),  # full fine-tuning without checkpointing: the whole model
     ("single", "full", "model", "model"),
     ("single", "lora", "auto", "blocks"),
-    ("ddp", "full", "auto", "blocks"),
+    ("ddp", "full", "auto", "model"),
     ("ddp", "full", "model", "model"),  # dynamo cuts the graph at DDP's buckets
     ("fsdp", "full", "auto", "blocks"),
     ("single", "full", "blocks", "blocks"),
@@ -25,6 +25,14 @@ def test_scope_chosen_per_strategy(strategy, method, scope, expected):
     cfg = RunConfig(strategy=strategy, method=method, compile=True, compile_scope=scope)
     assert STRATEGIES[strategy].compile_scope(cfg) == expected
     assert STRATEGIES[strategy].compile_scope(cfg.model_copy(update={"compile": False})) is None
+
+
+@pytest.mark.parametrize("update", [{"grad_ckpt": True}, {"float8": "tensorwise"}, {"offload": "activations"},
+                                    {"method": "qlora"}])
+def test_auto_scope_stays_per_block_where_the_whole_graph_was_not_measured_better(update):
+    cfg = RunConfig(method="full", compile=True).model_copy(update=update)
+    assert STRATEGIES["single"].compile_scope(cfg) == "blocks"
+    assert STRATEGIES["single"].compile_scope(cfg.model_copy(update={"compile_scope": "model"})) == "model"
 
 
 def test_whole_model_scope_refused_under_wrappers(tb):

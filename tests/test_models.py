@@ -52,6 +52,27 @@ def test_local_directory_with_safetensors(tb, store, local_model, method):
     assert rec["status"] == "ok" and rec["metrics"]["weights"] == "safetensors"
 
 
+def _dropouts(model) -> set[float]:
+    """Every dropout probability a built model will apply: its Dropout modules' and attention's own attribute."""
+    ps = {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)}
+    return ps | {m.attention_dropout for m in model.modules() if isinstance(getattr(m, "attention_dropout", None), float)}
+
+
+def test_dropout_sets_every_dropout_of_the_model():
+    spec = resolve_model("tinygpt-124m")
+    assert _dropouts(load_meta_model(spec, RunConfig(model="tinygpt-124m"))) == {0.1}  # GPT-2's own
+    assert _dropouts(load_meta_model(spec, RunConfig(model="tinygpt-124m", dropout=0))) == {0.0}
+    assert spec.hf_config.resid_pdrop == 0.1  # the spec's config is copied, not changed
+    tiny = resolve_model("tiny-llama")
+    assert _dropouts(load_meta_model(tiny, RunConfig(dropout=0.25))) == {0.25}
+
+
+def test_dropout_reaches_a_local_checkpoint(local_model):
+    cfg = RunConfig(model=str(local_model), dropout=0.3, device="cpu")
+    model, weights = build_model(resolve_model(str(local_model)), cfg, torch.device("cpu"))
+    assert weights == "safetensors" and _dropouts(model) == {0.3}
+
+
 def test_local_directory_with_config_only_is_random_init(tb, store, tmp_path):
     cfg = resolve_model("tiny-llama").hf_config.to_dict()
     (tmp_path / "config.json").write_text(json.dumps(cfg))

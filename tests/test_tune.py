@@ -46,7 +46,7 @@ def test_float8_is_tried_for_full_fine_tunes_where_the_gpu_and_torchao_can():
     full, lora = QWEN_LIKE.model_copy(update={"method": "full"}), QWEN_LIKE.model_copy(update={"method": "lora"})
     assert float8_levers(full, fp8_gpu=True, torchao=True) == ("off", "tensorwise")
     assert float8_levers(full, fp8_gpu=False, torchao=True) == float8_levers(full, True, False) == ("off",)
-    assert float8_levers(lora, fp8_gpu=True, torchao=True) == ("off",)  # a frozen base: float8 is refused
+    assert float8_levers(lora, fp8_gpu=True, torchao=True) == ("off",)  # a frozen base in float8: asked for, not tried
     space = Space(worlds=(4,), compile=(True,), checkpointing=((False, 1),), float8=("off", "tensorwise"))
     shapes = structures(full, space)
     tried = {(s.strategy, s.float8) for s in shapes}

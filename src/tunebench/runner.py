@@ -51,12 +51,13 @@ from tunebench.models import build_model, load_meta_model, resolve_model
 from tunebench.models.build import build_meta, build_partitioned
 from tunebench.models.count import counts, training_floor_bytes
 from tunebench.models.float8 import refusal as float8_refusal
+from tunebench.models.float8_frozen import to_float8_frozen
 from tunebench.models.nf4 import all_fusable, fuse_dequantization
 from tunebench.models.shards import init_adapters
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
 from tunebench.record import JobFigures, RankFigures, ResultRecord
 from tunebench.status import failure
-from tunebench.strategies import check_strategy
+from tunebench.strategies import Strategy, check_strategy
 from tunebench.units import GIB
 
 BIG_ON_CPU = 500_000_000  # parameters: above this a CPU run is announced and its build shows progress
@@ -99,7 +100,8 @@ def _check_float8(cfg: RunConfig, device: torch.device) -> None:
         why = float8_refusal(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device))
         if why:
             raise invalid("float8", cfg.float8, why)
-    require("torchao", f"float8={cfg.float8}", "pip install torchao")
+    if cfg.method == "full":  # a frozen base's float8 is ours (models.float8_frozen)
+        require("torchao", f"float8={cfg.float8}", "pip install torchao")
 
 
 def _check_host_memory(cfg: RunConfig, spec, nproc: int) -> None:
@@ -194,17 +196,8 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     model.train()
     head = unwrap(model).get_output_embeddings()
     blocks = transformer_blocks(model, spec.num_layers)
-    if scope and cfg.method == "qlora":  # the dequantization in the compiled graph (models.nf4): where measured faster
-        for block in blocks:
-            if traces_checkpoint(block) or not checkpointed_whole(block):
-                fuse_dequantization(block, recomputed=recomputes_traced(block))
-    if cfg.method != "full" and cfg.lora_fused and strategy.lora_siblings:
-        for block in blocks:
-            # not where compile traces a checkpoint (ours, keeping matmuls or recomputing whole, or Hugging Face's
-            # inside the whole model's graph): dynamo refuses the siblings' hand-over there and gives the graph up
-            traced_checkpoint = traces_checkpoint(block) or (scope == "model" and checkpointed_whole(block))
-            if not (scope and traced_checkpoint):
-                group_siblings(block)
+    if cfg.method != "full":
+        _adapted_base(model, blocks, cfg, scope, strategy)
     if scope == "blocks":
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times
             block.compile()
@@ -218,6 +211,26 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
         module.compile()
     materialize = functools.partial(meta.materialize, module, device, cfg.seed) if meta else None
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size, materialize))
+
+
+def _adapted_base(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, scope: str | None,
+                  strategy: Strategy) -> None:
+    """How a LoRA/QLoRA model's frozen base and adapters compute: 4-bit dequantization in the graph, float8
+    products, siblings run as one."""
+    float8_base = cfg.float8 != "off"  # the frozen base's matmuls in float8 (models.float8_frozen)
+    if cfg.method == "qlora" and (scope or float8_base):
+        for block in blocks:  # the dequantization in the compiled graph (models.nf4): where measured faster
+            if float8_base or traces_checkpoint(block) or not checkpointed_whole(block):
+                fuse_dequantization(block, recomputed=recomputes_traced(block), float8=float8_base)
+    if float8_base and cfg.method == "lora":
+        to_float8_frozen(model)
+    if cfg.lora_fused and strategy.lora_siblings:
+        for block in blocks:
+            # not where compile traces a checkpoint (ours, keeping matmuls or recomputing whole, or Hugging Face's
+            # inside the whole model's graph): dynamo refuses the siblings' hand-over there and gives the graph up
+            traced_checkpoint = traces_checkpoint(block) or (scope == "model" and checkpointed_whole(block))
+            if not (scope and traced_checkpoint):
+                group_siblings(block)
 
 
 def telemetry_for(plan: Plan) -> Telemetry | None:

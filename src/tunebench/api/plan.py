@@ -106,6 +106,8 @@ def what_ran(r: ResultRecord) -> dict:
     ran = r.config | {"precision": r.metrics.precision or r.config.get("precision")}
     if r.config.get("compile") == "auto":
         ran["compile"] = bool(r.metrics.compile_scope)
+    if r.metrics.compile_scope and r.config.get("compile_scope", "auto") == "auto":
+        ran["compile_scope"] = r.metrics.compile_scope  # what auto chose then (it has changed since)
     return ran
 
 

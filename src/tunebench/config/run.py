@@ -76,6 +76,11 @@ class RunConfig(BaseModel):
                           "block's call, the compiled forward run twice as it is (what records stored before this "
                           "field ran)",
         json_schema_extra=LATER)
+    dropout: float | None = Field(
+        None, ge=0, lt=1, description="every dropout probability of the model set to this (GPT-2's resid/embd/attn "
+                                      "pdrop, Llama's attention_dropout); unset: the model's own (GPT-2 0.1, Llama "
+                                      "0). 0 is how nanoGPT and llm.c pretrain GPT-2",
+        json_schema_extra=LATER)
     attn: Literal["sdpa", "eager", "flash"] = "sdpa"
     attn_kernel: Literal["auto", "flash", "cudnn", "efficient"] = Field(
         "auto", description="with attn=sdpa, training: the kernel SDPA tries first (it falls back to the next one "
@@ -89,12 +94,15 @@ class RunConfig(BaseModel):
                             "(see compile_for)")
     compile_scope: Literal["auto", "blocks", "model"] = Field(
         "auto", description="with compile: blocks (each block its own graph; every strategy) or model (the whole "
-                            "model and its loss as one graph; strategies single and ddp; measured 1.35x blocks on "
-                            "GPT-2 full); auto: blocks, which the planner models", json_schema_extra=LATER)
+                            "model and its loss as one graph; strategies single and ddp; measured 1.88x blocks on "
+                            "GPT-2 full); auto: model for full fine-tuning without checkpointing under single or "
+                            "ddp (float8 and offload off), blocks otherwise", json_schema_extra=LATER)
     float8: Literal["off", "tensorwise", "rowwise"] = Field(
         "off", description="full fine-tuning: the blocks' linear layers compute in float8 through torchao (GPUs of "
                            "compute capability 8.9+; master weights and optimizer state unchanged); tensorwise: one "
-                           "scale per tensor (float8 all-gather under fsdp), rowwise: one per row",
+                           "scale per tensor (float8 all-gather under fsdp), rowwise: one per row. LoRA/QLoRA "
+                           "(rowwise, single or ddp): the frozen base's two matmuls a layer in float8, the adapters "
+                           "in bf16",
         json_schema_extra=LATER)
     offload: Literal["none", "optimizer", "activations"] = Field(
         "none", description="optimizer (zero2/zero3): the fp32 master weights and Adam's state live in host memory "

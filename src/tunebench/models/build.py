@@ -11,6 +11,7 @@ Training and inference describe what they want as ``Weights``; ``build`` does th
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ class Weights:
     # what 4-bit weights are packed into: bytes, or the unquantized dtype where a strategy casts or shards every
     # parameter (DeepSpeed, FSDP2), which then leaves the packed weights as they are
     storage: torch.dtype = torch.uint8
+    dropout: float | None = None  # every dropout probability of the model set to this (None: the model's own)
 
 
 def compute_dtype(cfg: RunConfig) -> torch.dtype:
@@ -68,7 +70,7 @@ def train_weights(cfg: RunConfig, float_storage: bool = False) -> Weights:
     dtype = torch.float32 if cfg.method == "full" and cfg.precision != "bf16-pure" else compute_dtype(cfg)
     storage = DTYPES.get(cfg.precision, torch.bfloat16) if float_storage else torch.uint8
     return Weights(dtype, cfg.quant if cfg.method == "qlora" else None, compute_dtype(cfg), cfg.double_quant,
-                   cfg.attn, cfg.seed, storage=storage)
+                   cfg.attn, cfg.seed, storage=storage, dropout=cfg.dropout)
 
 
 def load_meta_model(spec: ModelSpec, cfg: RunConfig | Weights) -> PreTrainedModel:
@@ -77,10 +79,24 @@ def load_meta_model(spec: ModelSpec, cfg: RunConfig | Weights) -> PreTrainedMode
     return _from_config(spec, w, init_empty_weights(include_buffers=False))
 
 
+DROPOUT_SUFFIXES = ("dropout", "pdrop", "dropout_prob")  # Llama's attention_dropout, GPT-2's resid_pdrop, BERT's
+
+
+def model_config(config, dropout: float | None):
+    """`config` with every dropout probability in it set to `dropout` (a copy; the spec's own stays as it is)."""
+    if dropout is None:
+        return config
+    config = copy.deepcopy(config)
+    for key, value in config.to_dict().items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key.endswith(DROPOUT_SUFFIXES):
+            setattr(config, key, dropout)
+    return config
+
+
 def _from_config(spec: ModelSpec, w: Weights, context: AbstractContextManager) -> PreTrainedModel:
+    config = model_config(spec.hf_config, w.dropout)
     with context:
-        model = AutoModelForCausalLM.from_config(spec.hf_config, attn_implementation=attn_implementation(w.attn),
-                                                 dtype=w.dtype)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation(w.attn), dtype=w.dtype)
     # from_config leaves tied heads (GPT-2, Llama-3.2) untied; the real models tie them. Outside the context:
     # init_empty_weights makes a new parameter of every one registered, which would untie them again.
     model.tie_weights()
@@ -193,6 +209,10 @@ def from_pretrained(path, w: Weights, device: torch.device) -> PreTrainedModel:
     """Load safetensors from a local directory straight onto `device`, quantizing while loading when asked."""
     kwargs: dict = dict(dtype=w.dtype, attn_implementation=attn_implementation(w.attn), device_map={"": device},
                         local_files_only=True)
+    if w.dropout is not None:
+        from transformers import AutoConfig
+
+        kwargs["config"] = model_config(AutoConfig.from_pretrained(path, local_files_only=True), w.dropout)
     if (q := quantization_config(w)) is not None:
         kwargs["quantization_config"] = q
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -234,7 +254,7 @@ class MetaBuild:
 
 def _float8(model: PreTrainedModel, cfg: RunConfig) -> None:
     """Swap the linears for float8 ones when asked: before any slot names them or a strategy wraps them."""
-    if cfg.float8 != "off":
+    if cfg.float8 != "off" and cfg.method == "full":  # a LoRA/QLoRA base: models.float8_frozen, once adapted
         from tunebench.models.float8 import to_float8
 
         to_float8(model, cfg.float8, fsdp_all_gather=cfg.strategy == "fsdp")

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tunebench.models import nf4_kernel
+from tunebench.models import float8_frozen, nf4_kernel
 
 NESTED_BLOCK = 256  # bitsandbytes quantizes the absmax itself in blocks of 256 (double quantization)
 
@@ -44,13 +44,47 @@ def dequantize(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, b
     `again`: the same values through different ops, for backward. Compiled, the joint graph's common-subexpression
     pass would merge identical forward and backward dequantizations into one, which the partitioner then keeps
     for backward: the whole bf16 weight saved (+13 GiB on Mistral-7B without checkpointing)."""
-    if absmax_code is not None:  # nested: the absmax is 8-bit too, with a scale per NESTED_BLOCK of them
-        index = absmax.int() if again else absmax.long()
-        absmax = absmax_code[index] * absmax_scale.repeat_interleave(NESTED_BLOCK)[:absmax.numel()] + offset
+    absmax = block_absmax(absmax, absmax_code, absmax_scale, offset, again)
+    return (code[_nibbles(packed, again)].view(-1, blocksize) * absmax.view(-1, 1)).view(shape).to(dtype)
+
+
+def block_absmax(absmax: torch.Tensor, absmax_code: torch.Tensor | None = None,
+                 absmax_scale: torch.Tensor | None = None, offset: torch.Tensor | None = None,
+                 again: bool = False) -> torch.Tensor:
+    """Each block's scale in fp32: the nested absmax (8-bit, with a scale per NESTED_BLOCK of them) dequantized."""
+    if absmax_code is None:
+        return absmax
+    index = absmax.int() if again else absmax.long()
+    return absmax_code[index] * absmax_scale.repeat_interleave(NESTED_BLOCK)[:absmax.numel()] + offset
+
+
+def float8_weight(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax_code, absmax_scale, offset,
+                  blocksize: int, shape: tuple[int, int], again: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight in e4m3 for a float8 matmul (models.float8_frozen), straight from its 4 bits, scaled per row;
+    and the factor per row that undoes the scale. `again`: through other ops (see `dequantize`), for backward.
+
+    The scales come from the blocks' absmax alone: a row's largest value is its largest block absmax times the
+    code's largest magnitude (each block holds its absmax exactly), so no pass over the weight finds them."""
+    rows, cols = shape
+    if cols % blocksize:  # blocks cross rows (tiny test models): the bf16 weight, then its scales
+        w = _dequantize(packed, absmax, code, blocksize, shape, torch.bfloat16, absmax_code, absmax_scale, offset,
+                        again=again)
+        return float8_frozen.rowwise(w)
+    per_block = block_absmax(absmax, absmax_code, absmax_scale, offset, again=again).float()
+    bound = (per_block.view(rows, cols // blocksize) * code.abs().max()).amax(1).clamp(min=1e-12)
+    scale = float8_frozen.E4M3_MAX / bound
+    if nf4_kernel.available(packed):
+        w8 = nf4_kernel.to_float8(packed, per_block, code, scale, blocksize, shape, again)
+    else:
+        w = (code[_nibbles(packed, again)].view(-1, blocksize) * per_block.view(-1, 1)).view(shape) * scale[:, None]
+        w8 = w.clamp(-float8_frozen.E4M3_MAX, float8_frozen.E4M3_MAX).to(float8_frozen.E4M3)
+    return w8, scale.reciprocal()[:, None]  # as float8_frozen.rowwise gives it
+
+
+def _nibbles(packed: torch.Tensor, again: bool = False) -> torch.Tensor:
+    """The 4-bit indices, two per byte, high nibble first (`again`: through other ops, see `dequantize`)."""
     b = packed.reshape(-1)
-    nibbles = (b // 16, b % 16) if again else (b >> 4, b & 0xF)
-    index = torch.stack(nibbles, dim=-1).reshape(-1)
-    return (code[index.long()].view(-1, blocksize) * absmax.view(-1, 1)).view(shape).to(dtype)
+    return torch.stack((b // 16, b % 16) if again else (b >> 4, b & 0xF), dim=-1).reshape(-1).long()
 
 
 def _dequantize(packed: torch.Tensor, *args, again: bool = False) -> torch.Tensor:
@@ -66,21 +100,34 @@ def _linear(x, packed, absmax, code, absmax_code, absmax_scale, offset, blocksiz
 
 
 class _Linear4bit(torch.autograd.Function):
+    """`float8`: both products in float8 (models.float8_frozen) from the dequantized weight."""
+
     @staticmethod
-    def forward(ctx, x, packed, absmax, code, absmax_code, absmax_scale, offset, blocksize: int, shape, bias):
+    def forward(ctx, x, packed, absmax, code, absmax_code, absmax_scale, offset, blocksize: int, shape, bias,
+                float8: bool = False):
         ctx.save_for_backward(packed, absmax, code, absmax_code, absmax_scale, offset)
-        ctx.meta = (blocksize, shape, bias is not None and bias.requires_grad)
-        return _linear(x, packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape, bias)
+        ctx.meta = (blocksize, shape, bias is not None and bias.requires_grad, float8)
+        if not float8:
+            return _linear(x, packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape, bias)
+        w8, w_inv = float8_weight(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape)
+        y = float8_frozen.product(x, w8, w_inv)
+        return y if bias is None else y + bias
 
     @staticmethod
     def backward(ctx, grad):
         packed, absmax, code, absmax_code, absmax_scale, offset = ctx.saved_tensors
-        blocksize, shape, bias_grad = ctx.meta
-        w = _dequantize(packed, absmax, code, blocksize, shape, grad.dtype, absmax_code, absmax_scale, offset,
-                        again=True)
-        grad_x = grad @ w if ctx.needs_input_grad[0] else None
+        blocksize, shape, bias_grad, float8 = ctx.meta
+        grad_x = None
+        if ctx.needs_input_grad[0] and float8:
+            w8, w_inv = float8_weight(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape,
+                                      again=True)
+            grad_x = float8_frozen.input_grad_of_rows(grad, w8, w_inv)
+        elif ctx.needs_input_grad[0]:
+            w = _dequantize(packed, absmax, code, blocksize, shape, grad.dtype, absmax_code, absmax_scale, offset,
+                            again=True)
+            grad_x = grad @ w
         grad_b = grad.reshape(-1, grad.shape[-1]).sum(0) if bias_grad else None
-        return grad_x, None, None, None, None, None, None, None, None, grad_b
+        return grad_x, None, None, None, None, None, None, None, None, grad_b, None
 
 
 def _forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +142,9 @@ def _forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     args = (packed, qs.absmax, qs.code, *nested, qs.blocksize, tuple(qs.shape))
     if self.recomputed:  # plain ops: the traced checkpoint recomputes the dequantization in backward
         return _linear(x, *args, bias).to(dtype)
-    return _Linear4bit.apply(x, *args, bias).to(dtype)
+    # float8 or not, the function keeps only the packed weight (both passes dequantize it); float8's blocks are not
+    # traced-checkpointed (Strategy.traces_whole_checkpoint): so never `recomputed`
+    return _Linear4bit.apply(x, *args, bias, self.float8).to(dtype)
 
 
 def fusable(module: nn.Module) -> bool:
@@ -119,16 +168,18 @@ def all_fusable(module: nn.Module) -> bool:
     return all(fusable(m) for m in module.modules() if isinstance(m, bnb.nn.Linear4bit))
 
 
-def fuse_dequantization(module: nn.Module, recomputed: bool = False) -> int:
+def fuse_dequantization(module: nn.Module, recomputed: bool = False, float8: bool = False) -> int:
     """Route each fusable 4-bit linear of `module` through our dequantization; returns how many were.
 
     `recomputed`: `module` is a block whose whole-block checkpoint a compiled graph traces
     (engine.recompute.recompute_traced). Its layers are then plain ops, dequantization and matmul, which the
     checkpoint marks for recompute. Not `_Linear4bit`: what runs inside an autograd function is not marked, so
     the partitioner kept what that function's backward reads (measured on an H200, Mistral-7B: each block's bf16
-    weights, 9.5 GiB in all)."""
+    weights, 9.5 GiB in all).
+    `float8`: both of a layer's products in float8 (models.float8_frozen)."""
     layers = [m for m in module.modules() if fusable(m)]
     for m in layers:
         m.forward = types.MethodType(_forward, m)
-        m.recomputed = recomputed
+        # float8's matmuls take sides that are multiples of 16 (every LLM layer); others compute in bf16
+        m.recomputed, m.float8 = recomputed, float8 and m.in_features % 16 == 0 and m.out_features % 16 == 0
     return len(layers)

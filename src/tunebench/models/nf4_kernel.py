@@ -94,6 +94,52 @@ if triton is not None:
         return _launch(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, numel, dtype)
 
 
+    @triton.jit
+    def _to_float8_rows_kernel(packed, absmax, code, row_scale, out, n_bytes, ROW_BYTES: tl.constexpr,
+                               HALF_BLOCK: tl.constexpr, BYTES: tl.constexpr):
+        """(code[nibble] * absmax) * row_scale in e4m3 (clamped to its largest, 448), row-major: one read of the
+        packed bytes, one write."""
+        start = tl.program_id(0).to(tl.int64) * BYTES
+        i = start + tl.arange(0, BYTES)
+        inside = i < n_bytes
+        b = tl.load(packed + i, mask=inside, other=0).to(tl.int32)
+        a = tl.load(absmax + i // HALF_BLOCK, mask=inside, other=0.0)
+        s = tl.load(row_scale + i // ROW_BYTES, mask=inside, other=0.0)
+        high = tl.clamp(tl.load(code + (b >> 4)) * a * s, -448.0, 448.0)
+        low = tl.clamp(tl.load(code + (b & 0xF)) * a * s, -448.0, 448.0)
+        pair = tl.reshape(tl.join(high, low), [2 * BYTES])
+        j = 2 * start + tl.arange(0, 2 * BYTES)
+        tl.store(out + j, pair.to(out.dtype.element_ty), mask=j < 2 * n_bytes)
+
+    def _launch_float8(packed, absmax, code, scale, blocksize: int, rows: int, cols: int) -> torch.Tensor:
+        out = torch.empty(rows * cols, dtype=torch.float8_e4m3fn, device=packed.device)
+        n_bytes = rows * cols // 2
+        wrap_triton(_to_float8_rows_kernel)[(triton.cdiv(n_bytes, BYTES_PER_PROGRAM),)](
+            packed, absmax, code, scale, out, n_bytes, ROW_BYTES=cols // 2, HALF_BLOCK=blocksize // 2,
+            BYTES=BYTES_PER_PROGRAM, num_warps=NUM_WARPS)
+        return out
+
+    @triton_op("tunebench::dequantize_4bit_float8", mutates_args=())
+    def _dequantize_4bit_float8(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, scale: torch.Tensor,
+                                blocksize: int, rows: int, cols: int) -> torch.Tensor:
+        return _launch_float8(packed, absmax, code, scale, blocksize, rows, cols)
+
+    @triton_op("tunebench::dequantize_4bit_float8_again", mutates_args=())
+    def _dequantize_4bit_float8_again(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
+                                      scale: torch.Tensor, blocksize: int, rows: int, cols: int) -> torch.Tensor:
+        return _launch_float8(packed, absmax, code, scale, blocksize, rows, cols)
+
+
+def to_float8(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, scale: torch.Tensor, blocksize: int,
+              shape: tuple[int, int], again: bool = False) -> torch.Tensor:
+    """The 4-bit weight (rows x cols, `absmax` already dequantized: fp32, one per block) straight to e4m3, each value
+    times the `scale` of its row: what `nf4.dequantize` followed by that scaling and a cast computes, in one kernel
+    (needs `available(packed)`). `again`: the same values from a second entry point, as `dequantize`'s."""
+    rows, cols = shape
+    op = torch.ops.tunebench.dequantize_4bit_float8_again if again else torch.ops.tunebench.dequantize_4bit_float8
+    return op(packed.reshape(-1), absmax, code, scale, blocksize, rows, cols).view(rows, cols)
+
+
 def dequantize(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int,
                shape: tuple[int, ...], dtype: torch.dtype, absmax_code: torch.Tensor | None = None,
                absmax_scale: torch.Tensor | None = None, offset: torch.Tensor | None = None,

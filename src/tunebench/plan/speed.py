@@ -3,7 +3,8 @@
   matmuls      FLOPs of every GEMM (blocks, head, adapters; recompute under checkpointing) at the matmul
                ceiling, scaled down for narrow models and short micro-batches (measured: 31% of MAMF at
                hidden 768, 95% at 2048; 20% less again with 2048 tokens than with 16384)
-               (float8: the blocks' GEMMs 1.45x faster tensorwise, 1.3x rowwise, casts included; measured)
+               (float8: the blocks' GEMMs 1.45x faster tensorwise, 1.3x rowwise, casts included; a frozen base's
+               1.43x; measured)
   attention    causal flash attention, forward + backward (2.5x), at 45% of the dense peak
   elementwise  memory-bound kernels: 8.6-10.5 bytes moved per byte an op keeps for backward, 5.8-6.5 compiled
                (measured per architecture on an H200), the loss's fp32 logits, QLoRA's dequantization
@@ -27,9 +28,15 @@ from tunebench.plan.hardware import Hardware
 from tunebench.plan.workload import Workload
 
 ATTENTION_OF_PEAK = 0.45
+# SDPA with dropout draws its mask inside the kernel: GPT-2 small s2048 on an H200, 10.0 ms of attention a step
+# with 0.1 against 6.1 without (whole-model compile, one job); ATTENTION_OF_PEAK was fitted on runs with it
+ATTENTION_DROPOUT_SLOWDOWN = 1.6
 # float8 (torchao) block GEMMs against bf16, casts to float8 included, compiled: fitted on Llama-3-8B full FSDP2 on
 # 2 and 4 H200s (tensorwise: 4 runs, within 5%; rowwise: 1 run); float8's tensor-core peak is 2x bf16's
 FLOAT8_GEMM_SPEEDUP = {"off": 1.0, "tensorwise": 1.45, "rowwise": 1.3}
+# a frozen LoRA/QLoRA base in float8 (models.float8_frozen): its two products a layer, casts included, on Mistral-7B's
+# shapes at 4,096 tokens (benchmarks/kernels_vs.py --ops base_fp8 on an H200: 3.60 against 5.13 ms)
+FLOAT8_FROZEN_SPEEDUP = 1.43
 ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 6.5, ("llama", False): 10.5,
                                ("llama", True): 5.8}  # (architecture, compiled)
 LOSS_BYTES_PER_LOGIT = 30
@@ -88,10 +95,13 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     adapters = w.lora_params * (6 + kept + 2 * (share - kept))
     ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens)
     # float8: the blocks' GEMMs (not the head's) at float8's effective speedup, its casts included
-    gemm = (blocks / FLOAT8_GEMM_SPEEDUP.get(cfg.float8, 1.0) + head) * tokens / ceiling
+    speedup = FLOAT8_GEMM_SPEEDUP[cfg.float8] if w.full or cfg.float8 == "off" else FLOAT8_FROZEN_SPEEDUP
+    gemm = (blocks / speedup + head) * tokens / ceiling
     gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
     q = s.num_heads * s.head_dim
     attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share - kept) * tokens
+    if w.family == "gpt2" and not w.dropout:
+        attention /= ATTENTION_DROPOUT_SLOWDOWN
     act = activations(w)
     # backward moves about twice the forward's bytes; a recompute adds one forward, but for a checkpoint traced
     # in the compiled block, whose backward graph fuses the recompute's elementwise ops with its own

@@ -192,6 +192,14 @@ class Workload:
     def head_trains(self) -> bool:
         return self.full
 
+    @property
+    def dropout(self) -> float:
+        """The attention's dropout probability the run applies: the config's, else the model's own (GPT-2's 0.1)."""
+        if self.cfg.dropout is not None:
+            return self.cfg.dropout
+        return float(self.spec.shape.get("attn_pdrop", 0.1) if self.family == "gpt2"
+                     else self.spec.shape.get("attention_dropout", 0.0))
+
 
 def _family(spec: ModelSpec) -> Family | None:
     kind = spec.shape.get("model_type") or ("gpt2" if "n_layer" in spec.shape else "llama")
