@@ -111,7 +111,29 @@ def test_checkpointed_float8_blocks_keep_only_their_input(device):
     (["--method", "lora", "--float8", "tensorwise"], "float8=tensorwise with method=lora"),
     (["--method", "qlora", "--float8", "rowwise", "--strategy", "fsdp", "--nproc-per-node", "2"],
      "float8=rowwise with method=qlora and strategy=fsdp"),
+    (["--method", "lora", "--float8", "rowwise", "--grad-ckpt", "--compile", "--compile-scope", "model"],
+     "with grad_ckpt and compile_scope=model"),
+    (["--method", "lora", "--float8", "rowwise", "--model", "tinygpt-124m"], "GPT-2's are Conv1D"),
 ])
 def test_refused_where_a_frozen_base_cannot_compute_in_float8(tb, args, message):
     code, _, err = tb("run", "--model", "tiny-llama", "--device", "cpu", *args, "--no-store")
-    assert code == 2 and message in err and "Traceback" not in err
+    assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_head_stays_out_even_when_adapted():
+    """lm_head as a LoRA target: its base is frozen, yet the logits are not computed in float8."""
+    from tunebench.engine.model import transformer_blocks, unwrap
+
+    plan = preflight(RunConfig(**BASE, method="lora", float8="rowwise", lora_targets=["q_proj", "lm_head"]))
+    t = build_trainable(plan, Outcome(), SINGLE)
+    head = unwrap(t.model).get_output_embeddings()
+    routed = [m for m in t.model.modules() if isinstance(m, torch.nn.Linear) and "forward" in vars(m)]
+    blocks = transformer_blocks(t.model, plan.spec.num_layers)
+    assert len(routed) == len(blocks) and all(m is not getattr(head, "base_layer", head) for m in routed)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md")
+def test_refused_on_a_gpu_unless_the_products_are_bf16(tb):
+    code, _, err = tb("run", "--model", "tiny-llama", "--method", "lora", "--float8", "rowwise", "--precision",
+                      "fp16", "--no-store")
+    assert code == 2 and "written in bf16" in err

@@ -363,3 +363,25 @@ def test_hybrid_sharding_keeps_gathers_inside_a_node():
     assert hsdp.tokens_per_s > 2 * fsdp.tokens_per_s
     one_node = predict(RunConfig(**(base | dict(nnodes=1, rdzv_endpoint=None))), gpu, 8)
     assert hsdp.tokens_per_s / 16 <= one_node.tokens_per_s / 8 * 1.0001  # never faster per GPU than one node
+
+
+def test_a_job_matches_only_benchmarks_of_its_compile_scope():
+    """compile_scope 'auto' has meant per block and, for full fine-tuning since, the whole model: a stored run's
+    scope is what it ran (its record says), a job's what its strategy makes of 'auto'."""
+    from types import SimpleNamespace
+
+    from tunebench.api.plan import scope_made
+    from tunebench.config.base import workload_key
+
+    job = RunConfig(model="tinygpt-124m", method="full", compile=True, seq_len=2048, batch_size=8)
+    assert scope_made(job).compile_scope == "model"
+    assert scope_made(job.model_copy(update={"grad_ckpt": True})).compile_scope == "blocks"
+    assert scope_made(job.model_copy(update={"compile": False})).compile_scope == "auto"
+
+    def stored(ran: str) -> dict:
+        r = SimpleNamespace(config=job.model_copy(update={"compile": "auto"}).model_dump(),
+                            metrics=SimpleNamespace(precision="bf16", compile_scope=ran))
+        return what_ran(r)
+    key = workload_key(RunConfig, scope_made(job.model_copy(update={"precision": "bf16"})).model_dump())
+    assert workload_key(RunConfig, stored("model")) == key
+    assert workload_key(RunConfig, stored("blocks")) != key

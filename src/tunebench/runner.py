@@ -48,9 +48,10 @@ from tunebench.metrics.flops import FlopsPerToken, flops_per_token, peak_flops
 from tunebench.metrics.memory import available_host_bytes, peak_memory, release, reset_peak
 from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import build_model, load_meta_model, resolve_model
-from tunebench.models.build import build_meta, build_partitioned
+from tunebench.models.build import build_meta, build_partitioned, compute_dtype, quantizable_linears
 from tunebench.models.count import counts, training_floor_bytes
 from tunebench.models.float8 import refusal as float8_refusal
+from tunebench.models.float8_frozen import takes as float8_takes
 from tunebench.models.float8_frozen import to_float8_frozen
 from tunebench.models.nf4 import all_fusable, fuse_dequantization
 from tunebench.models.shards import init_adapters
@@ -91,7 +92,11 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     if device.type == "cpu":
         _check_host_memory(cfg, spec, nproc)
     if cfg.method != "full":
-        check_targets(load_meta_model(spec, cfg), cfg.lora_targets)  # meta: no memory, no weights
+        meta = load_meta_model(spec, cfg)  # no memory, no weights
+        check_targets(meta, cfg.lora_targets)
+        if cfg.float8 != "off" and not any(float8_takes(m) for _, m in quantizable_linears(meta)):
+            raise invalid("float8", cfg.float8, f"no layer of {spec.name} can compute in float8 (it takes nn.Linear "
+                                                "layers with sides multiples of 16; GPT-2's are Conv1D)")
     return Plan(cfg, device, spec, world, strategy, requested)
 
 
@@ -100,6 +105,9 @@ def _check_float8(cfg: RunConfig, device: torch.device) -> None:
         why = float8_refusal(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device))
         if why:
             raise invalid("float8", cfg.float8, why)
+        if cfg.method != "full" and compute_dtype(cfg.resolved(device.type)) != torch.bfloat16:
+            raise invalid("float8", cfg.float8, "a frozen base's float8 products are written in bf16 (rowwise "
+                                                "scaling): use precision bf16 and quant_compute_dtype auto or bf16")
     if cfg.method == "full":  # a frozen base's float8 is ours (models.float8_frozen)
         require("torchao", f"float8={cfg.float8}", "pip install torchao")
 
@@ -197,7 +205,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     head = unwrap(model).get_output_embeddings()
     blocks = transformer_blocks(model, spec.num_layers)
     if cfg.method != "full":
-        _adapted_base(model, blocks, cfg, scope, strategy)
+        _adapted_base(model, blocks, head, cfg, scope, strategy)
     if scope == "blocks":
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times
             block.compile()
@@ -213,7 +221,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size, materialize))
 
 
-def _adapted_base(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, scope: str | None,
+def _adapted_base(model: nn.Module, blocks: list[nn.Module], head: nn.Module, cfg: RunConfig, scope: str | None,
                   strategy: Strategy) -> None:
     """How a LoRA/QLoRA model's frozen base and adapters compute: 4-bit dequantization in the graph, float8
     products, siblings run as one."""
@@ -222,8 +230,12 @@ def _adapted_base(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, sco
         for block in blocks:  # the dequantization in the compiled graph (models.nf4): where measured faster
             if float8_base or traces_checkpoint(block) or not checkpointed_whole(block):
                 fuse_dequantization(block, recomputed=recomputes_traced(block), float8=float8_base)
+    converted = sum(bool(getattr(m, "float8", False)) for b in blocks for m in b.modules())
     if float8_base and cfg.method == "lora":
-        to_float8_frozen(model)
+        converted = to_float8_frozen(blocks, head)
+    if float8_base and not converted:  # not silently bf16 under a float8 label
+        raise invalid("float8", cfg.float8, "no frozen layer of this model computes in float8 (it takes nn.Linear "
+                                            "layers with sides multiples of 16: GPT-2's are Conv1D)")
     if cfg.lora_fused and strategy.lora_siblings:
         for block in blocks:
             # not where compile traces a checkpoint (ours, keeping matmuls or recomputing whole, or Hugging Face's

@@ -101,6 +101,13 @@ def run_config(config: dict) -> RunConfig:
     return RunConfig(**fields)
 
 
+def scope_made(cfg: RunConfig) -> RunConfig:
+    """`cfg` (its compile made concrete) with compile_scope 'auto' made what it runs as, 'blocks' or 'model' (as
+    `what_ran` makes a stored run's): 'auto' has meant both, so a job matches only benchmarks of its own scope."""
+    scope = STRATEGIES[cfg.strategy].compile_scope(cfg)
+    return cfg.model_copy(update={"compile_scope": scope}) if scope and cfg.compile_scope == "auto" else cfg
+
+
 def what_ran(r: ResultRecord) -> dict:
     """A stored run's config with its 'auto' choices as they were made (precision, compile)."""
     ran = r.config | {"precision": r.metrics.precision or r.config.get("precision")}

@@ -116,18 +116,22 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x, self.weight, self.bias)
 
 
-def frozen_linears(model: nn.Module) -> list[nn.Linear]:
-    """The frozen nn.Linear layers under LoRA adapters (peft's base layers) whose sides float8 takes (multiples
-    of 16): not the head, not a layer that trains."""
-    return [m.base_layer for m in model.modules()
-            if isinstance(getattr(m, "base_layer", None), nn.Linear) and type(m.base_layer) is nn.Linear
-            and not m.base_layer.weight.requires_grad
-            and m.base_layer.in_features % 16 == 0 and m.base_layer.out_features % 16 == 0]
+def takes(layer: nn.Module) -> bool:
+    """A layer float8's matmuls take: an nn.Linear (not GPT-2's Conv1D) with sides multiples of 16."""
+    return type(layer) is nn.Linear and layer.in_features % 16 == 0 and layer.out_features % 16 == 0
 
 
-def to_float8_frozen(model: nn.Module) -> int:
-    """Route the frozen base layers of a LoRA model through float8 products; returns how many."""
-    layers = frozen_linears(model)
+def frozen_linears(blocks: list[nn.Module], head: nn.Module | None = None) -> list[nn.Linear]:
+    """The frozen layers under LoRA adapters (peft's base layers) of the blocks that float8 takes: not the head,
+    even if adapted, and not a layer that trains."""
+    return [m.base_layer for b in blocks for m in b.modules()
+            if takes(getattr(m, "base_layer", None)) and m is not head and m.base_layer is not head
+            and not m.base_layer.weight.requires_grad]
+
+
+def to_float8_frozen(blocks: list[nn.Module], head: nn.Module | None = None) -> int:
+    """Route the frozen base layers of a LoRA model's blocks through float8 products; returns how many."""
+    layers = frozen_linears(blocks, head)
     for m in layers:
         m.forward = types.MethodType(_forward, m)
     return len(layers)

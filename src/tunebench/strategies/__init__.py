@@ -109,6 +109,10 @@ class Strategy:
         if cfg.float8 == "tensorwise" and cfg.method != "full":
             raise UserError(f"invalid float8=tensorwise with method={cfg.method}: a frozen base computes in float8 "
                             "with rowwise scales only (use float8=rowwise)")
+        if cfg.float8 != "off" and cfg.method != "full" and cfg.grad_ckpt and cfg.compile_scope == "model":
+            raise UserError(f"invalid float8={cfg.float8} with grad_ckpt and compile_scope=model: a frozen base's "
+                            "float8 blocks keep Hugging Face's checkpoint around their call, which one graph of the "
+                            "whole model would trace (use compile_scope=blocks)")
         if cfg.float8 != "off" and cfg.method != "full" and self.name not in ("single", "ddp"):
             raise UserError(f"invalid float8={cfg.float8} with method={cfg.method} and strategy={self.name}: a frozen "
                             "base computes in float8 under single or ddp (its weights whole on each GPU)")
