@@ -83,12 +83,12 @@ def test_sweep_records_every_failure_kind_and_goes_on(tmp_path):
     path = _suite(tmp_path, [
         {"name": "ok", "method": "full"},
         {"name": "crash", "method": "full", "fault": "abort@2"},
-        {"name": "hang", "method": "lora", "fault": "hang@1"},
+        {"name": "hang", "method": "lora", "fault": "hang@1", "run_timeout": 15},  # its own limit: the others none
         {"name": "nan", "method": "full", "lr": 1e30, "precision": "fp32", "steps": 8},
         {"name": "ok lora", "method": "lora"},
     ])
     store = tmp_path / "r.db"
-    p = cli_subprocess("sweep", str(path), "--store", str(store), "--run-timeout", "30", "--json", timeout=600)
+    p = cli_subprocess("sweep", str(path), "--store", str(store), "--json", timeout=600)
     assert p.returncode == 1, p.stderr[-2000:]  # not every configuration is ok
     records = json.loads(p.stdout)
     by_name = {r["config"]["fault"] or ("nan" if r["config"]["lr"] > 1 else r["config"]["method"]): r
@@ -97,7 +97,7 @@ def test_sweep_records_every_failure_kind_and_goes_on(tmp_path):
     assert by_name["full"]["status"] == "ok" and by_name["lora"]["status"] == "ok"
     assert by_name["abort@2"]["status"] == "failed" and "SIGABRT" in by_name["abort@2"]["error"]
     assert "step 2/4" in by_name["abort@2"]["error"]  # the tail of its output
-    assert by_name["hang@1"]["status"] == "timeout" and "30 s" in by_name["hang@1"]["error"]
+    assert by_name["hang@1"]["status"] == "timeout" and "15 s" in by_name["hang@1"]["error"]
     assert by_name["nan"]["status"] == "nan"
     assert len({r["sweep_id"] for r in records}) == 1
     with Store(store) as s:

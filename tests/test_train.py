@@ -214,15 +214,16 @@ def test_float8_follows_the_full_precision_curve(local, tmp_path, plain_curve, r
 
 def test_lora_float8_base_follows_the_unconverted_curve(local, tmp_path):
     """A LoRA run whose frozen base computes in float8 (models.float8_frozen) learns as the same run without:
-    over 30 steps the curves stay within 0.05 of each other, and are not the same curve."""
+    over 20 steps (the loss falling by more than 1) the curves stay within 0.05 of each other, and are not the
+    same curve."""
     curves = []
     for float8 in ("off", "rowwise"):
-        p = cli_subprocess(*_args(local, "--method", "lora", "--lr", "1e-2", "--max-steps", "30", "--output-dir",
+        p = cli_subprocess(*_args(local, "--method", "lora", "--lr", "1e-2", "--max-steps", "20", "--output-dir",
                                   str(tmp_path / float8), "--no-store", "--float8", float8, "--json"), timeout=600)
         assert p.returncode == 0, p.stderr[-2000:]
         curves.append(json.loads(p.stdout)["metrics"]["losses"])
     plain, f8 = curves
-    assert len(plain) == len(f8) == 30 and plain[0] - plain[-1] > 1
+    assert len(plain) == len(f8) == 20 and plain[0] - plain[-1] > 1
     assert 0 < max(abs(a - b) for a, b in zip(plain, f8)) < 0.05
 
 
