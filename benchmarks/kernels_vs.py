@@ -230,13 +230,6 @@ def op_attention_gpt2(a, dev, dt) -> dict[str, Callable]:
     return _attention((8, 12, 2048, 64) if dev.type == "cuda" else (1, 2, 128, 64), (0.0, 0.1), dev, dt)
 
 
-def _rowwise_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """t in float8 e4m3 with one scale per row (what _scaled_mm multiplies back)."""
-    amax = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
-    scale = torch.finfo(torch.float8_e4m3fn).max / amax
-    return (t.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), 1.0 / scale
-
-
 def op_base_fp8(a, dev, dt) -> dict[str, Callable]:
     """One Mistral block's frozen linears, y = x Wᵀ and dx = dy W each: bf16 against float8 rowwise. Each side is
     one compiled function (no autograd, no Python between the matmuls), so that only the GPU's work differs."""
@@ -247,22 +240,18 @@ def op_base_fp8(a, dev, dt) -> dict[str, Callable]:
     weights = [torch.randn(o, i, device=dev, dtype=dt) * 0.02 for o, i in shapes]
     xs = [torch.randn(a.tokens, i, device=dev, dtype=dt) for _, i in shapes]
     dys = [torch.randn(a.tokens, o, device=dev, dtype=dt) for o, _ in shapes]
+    from tunebench.models import float8_frozen as f8
+
     # the weights quantized beforehand, per output row (forward) and per input column stored (in, out) (backward)
-    w8 = [(*_rowwise_fp8(w), *_rowwise_fp8(w.t().contiguous())) for w in weights]
+    w8 = [(*f8.rowwise(w), *f8.columnwise_transposed(w)) for w in weights]
 
     @torch.compile
     def bf16():
         return [(x @ w.t(), dy @ w) for w, x, dy in zip(weights, xs, dys)]
 
-    def fp8_products():
-        out = []
-        for (wq, ws, wtq, wts), x, dy in zip(w8, xs, dys):
-            xq, xs_ = _rowwise_fp8(x)
-            dyq, dys_ = _rowwise_fp8(dy)
-            out.append((torch._scaled_mm(xq, wq.t(), scale_a=xs_, scale_b=ws.t(), out_dtype=dt),
-                        torch._scaled_mm(dyq, wtq.t(), scale_a=dys_, scale_b=wts.t(), out_dtype=dt)))
-        return out
-    fp8 = torch.compile(fp8_products)
+    @torch.compile
+    def fp8():
+        return [(f8.product(x, wq, ws), f8.product(dy, wtq, wts)) for (wq, ws, wtq, wts), x, dy in zip(w8, xs, dys)]
     exact, approx = weights[0] @ xs[0][:256].t(), fp8()[0][0][:256].t()
     print(f"base_fp8: float8's relative error on q's output {float((approx - exact).norm() / exact.norm()):.4f}")
     return {"bf16": bf16, "float8-rowwise": fp8}

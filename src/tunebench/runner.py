@@ -94,7 +94,7 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     if cfg.method != "full":
         meta = load_meta_model(spec, cfg)  # no memory, no weights
         check_targets(meta, cfg.lora_targets)
-        if cfg.float8 != "off" and not any(float8_takes(m) for _, m in quantizable_linears(meta)):
+        if cfg.frozen_float8 and not any(float8_takes(m) for _, m in quantizable_linears(meta)):
             raise invalid("float8", cfg.float8, f"no layer of {spec.name} can compute in float8 (it takes nn.Linear "
                                                 "layers with sides multiples of 16; GPT-2's are Conv1D)")
     return Plan(cfg, device, spec, world, strategy, requested)
@@ -105,10 +105,10 @@ def _check_float8(cfg: RunConfig, device: torch.device) -> None:
         why = float8_refusal(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device))
         if why:
             raise invalid("float8", cfg.float8, why)
-        if cfg.method != "full" and compute_dtype(cfg.resolved(device.type)) != torch.bfloat16:
+        if cfg.frozen_float8 and compute_dtype(cfg.resolved(device.type)) != torch.bfloat16:
             raise invalid("float8", cfg.float8, "a frozen base's float8 products are written in bf16 (rowwise "
                                                 "scaling): use precision bf16 and quant_compute_dtype auto or bf16")
-    if cfg.method == "full":  # a frozen base's float8 is ours (models.float8_frozen)
+    if not cfg.frozen_float8:  # a frozen base's float8 is ours (models.float8_frozen)
         require("torchao", f"float8={cfg.float8}", "pip install torchao")
 
 
@@ -225,15 +225,14 @@ def _adapted_base(model: nn.Module, blocks: list[nn.Module], head: nn.Module, cf
                   strategy: Strategy) -> None:
     """How a LoRA/QLoRA model's frozen base and adapters compute: 4-bit dequantization in the graph, float8
     products, siblings run as one."""
-    float8_base = cfg.float8 != "off"  # the frozen base's matmuls in float8 (models.float8_frozen)
-    if cfg.method == "qlora" and (scope or float8_base):
+    if cfg.method == "qlora" and (scope or cfg.frozen_float8):
         for block in blocks:  # the dequantization in the compiled graph (models.nf4): where measured faster
-            if float8_base or traces_checkpoint(block) or not checkpointed_whole(block):
-                fuse_dequantization(block, recomputed=recomputes_traced(block), float8=float8_base)
+            if cfg.frozen_float8 or traces_checkpoint(block) or not checkpointed_whole(block):
+                fuse_dequantization(block, recomputed=recomputes_traced(block), float8=cfg.frozen_float8)
     converted = sum(bool(getattr(m, "float8", False)) for b in blocks for m in b.modules())
-    if float8_base and cfg.method == "lora":
+    if cfg.frozen_float8 and cfg.method == "lora":
         converted = to_float8_frozen(blocks, head)
-    if float8_base and not converted:  # not silently bf16 under a float8 label
+    if cfg.frozen_float8 and not converted:  # not silently bf16 under a float8 label
         raise invalid("float8", cfg.float8, "no frozen layer of this model computes in float8 (it takes nn.Linear "
                                             "layers with sides multiples of 16: GPT-2's are Conv1D)")
     if cfg.lora_fused and strategy.lora_siblings:

@@ -185,6 +185,11 @@ class RunConfig(BaseModel):
         """Runs under torchrun: any strategy but single, or more than one process."""
         return self.strategy != "single" or (self.nproc_per_node or 1) > 1 or self.nnodes > 1
 
+    @property
+    def frozen_float8(self) -> bool:
+        """A LoRA/QLoRA base computing in float8 (models.float8_frozen), not torchao's full fine-tuning float8."""
+        return self.float8 != "off" and self.method != "full"
+
     def resolved(self, device_type: str, block_params: int | None = None) -> RunConfig:
         """A copy with 'auto' choices made for the device: precision bf16 on GPUs, fp32 on the CPU; compile
         as `compile_for` says (`block_params`: parameters of one transformer block, when known)."""

@@ -254,7 +254,7 @@ class MetaBuild:
 
 def _float8(model: PreTrainedModel, cfg: RunConfig) -> None:
     """Swap the linears for float8 ones when asked: before any slot names them or a strategy wraps them."""
-    if cfg.float8 != "off" and cfg.method == "full":  # a LoRA/QLoRA base: models.float8_frozen, once adapted
+    if cfg.float8 != "off" and not cfg.frozen_float8:  # a LoRA/QLoRA base: models.float8_frozen, once adapted
         from tunebench.models.float8 import to_float8
 
         to_float8(model, cfg.float8, fsdp_all_gather=cfg.strategy == "fsdp")

@@ -76,7 +76,7 @@ def float8_weight(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor
     if nf4_kernel.available(packed):
         w8 = nf4_kernel.to_float8(packed, per_block, code, scale, blocksize, shape, again)
     else:
-        w = (code[_nibbles(packed, again)].view(-1, blocksize) * per_block.view(-1, 1)).view(shape) * scale[:, None]
+        w = dequantize(packed, per_block, code, blocksize, shape, torch.float32, again=again) * scale[:, None]
         w8 = w.clamp(-float8_frozen.E4M3_MAX, float8_frozen.E4M3_MAX).to(float8_frozen.E4M3)
     return w8, scale.reciprocal()[:, None]  # as float8_frozen.rowwise gives it
 

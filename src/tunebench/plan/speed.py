@@ -95,7 +95,7 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     adapters = w.lora_params * (6 + kept + 2 * (share - kept))
     ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens)
     # float8: the blocks' GEMMs (not the head's) at float8's effective speedup, its casts included
-    speedup = FLOAT8_GEMM_SPEEDUP[cfg.float8] if w.full or cfg.float8 == "off" else FLOAT8_FROZEN_SPEEDUP
+    speedup = FLOAT8_FROZEN_SPEEDUP if cfg.frozen_float8 else FLOAT8_GEMM_SPEEDUP[cfg.float8]
     gemm = (blocks / speedup + head) * tokens / ceiling
     gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
     q = s.num_heads * s.head_dim

@@ -83,9 +83,8 @@ class Strategy:
         Not where parameters are gathered inside each module's forward (ZeRO-3): not measured so. Not with a frozen
         base in float8 (models.float8_frozen): traced, the partitioner kept what its function returns, each block's
         matmul outputs (Mistral-7B QLoRA on an H200: 15.8 GiB against 6.9)."""
-        frozen_float8 = cfg.float8 != "off" and cfg.method != "full"
         return (cfg.ckpt_traced and self.compile_scope(cfg) == "blocks" and not self.gathers_per_module
-                and not frozen_float8)
+                and not cfg.frozen_float8)
 
     def check(self, cfg: RunConfig, world_size: int, packages: bool = True) -> None:
         """Refuse (UserError, one line) what this strategy cannot run, before anything is built.
@@ -109,11 +108,11 @@ class Strategy:
         if cfg.float8 == "tensorwise" and cfg.method != "full":
             raise UserError(f"invalid float8=tensorwise with method={cfg.method}: a frozen base computes in float8 "
                             "with rowwise scales only (use float8=rowwise)")
-        if cfg.float8 != "off" and cfg.method != "full" and cfg.grad_ckpt and cfg.compile_scope == "model":
+        if cfg.frozen_float8 and cfg.grad_ckpt and cfg.compile_scope == "model":
             raise UserError(f"invalid float8={cfg.float8} with grad_ckpt and compile_scope=model: a frozen base's "
                             "float8 blocks keep Hugging Face's checkpoint around their call, which one graph of the "
                             "whole model would trace (use compile_scope=blocks)")
-        if cfg.float8 != "off" and cfg.method != "full" and self.name not in ("single", "ddp"):
+        if cfg.frozen_float8 and self.name not in ("single", "ddp"):
             raise UserError(f"invalid float8={cfg.float8} with method={cfg.method} and strategy={self.name}: a frozen "
                             "base computes in float8 under single or ddp (its weights whole on each GPU)")
         if cfg.float8 != "off" and self.deepspeed:
