@@ -259,7 +259,8 @@ def op_base_fp8(a, dev, dt) -> dict[str, Callable]:
 
 def op_nf4_float8(a, dev, dt) -> dict[str, Callable]:
     """Mistral-7B's up projection (14336 x 4096, NF4, nested) from 4 bits: to bf16 (what the bf16 path reads), to
-    float8 per row (scales from the absmax included, eager here), and that transposed (what backward multiplies)."""
+    float8 per row (its constant row scales computed once, as a layer does), and that transposed (what backward
+    multiplies)."""
     if dev.type != "cuda":
         return {}
     import bitsandbytes.functional as BF
@@ -269,9 +270,10 @@ def op_nf4_float8(a, dev, dt) -> dict[str, Callable]:
     packed, qs = BF.quantize_4bit(torch.randn(INTER, HIDDEN, device=dev, dtype=dt), blocksize=64, quant_type="nf4",
                                   compress_statistics=True)
     nest = (qs.state2.code, qs.state2.absmax, qs.offset)
-    w8 = nf4.float8_weight(packed, qs.absmax, qs.code, *nest, 64, (INTER, HIDDEN))[0]
+    scale = nf4.float8_row_scales(packed, qs.absmax, qs.code, *nest, 64, (INTER, HIDDEN))  # once per layer
+    w8 = nf4.float8_weight(packed, qs.absmax, qs.code, *nest, 64, (INTER, HIDDEN), scale)
     return {"bf16": lambda: nf4_kernel.dequantize(packed, qs.absmax, qs.code, 64, (INTER, HIDDEN), dt, *nest),
-            "float8": lambda: nf4.float8_weight(packed, qs.absmax, qs.code, *nest, 64, (INTER, HIDDEN)),
+            "float8": lambda: nf4.float8_weight(packed, qs.absmax, qs.code, *nest, 64, (INTER, HIDDEN), scale),
             "float8 transposed": lambda: w8.t().contiguous()}
 
 

@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GAP_US = 20  # shorter gaps between kernels are launch latency, not waiting on the host
+# kernels are launched through the runtime (aten's) or the driver (Triton's, inductor's: cuLaunchKernel)
+LAUNCHES = ("cuda_runtime", "cuda_driver")
 
 
 def gaps(path: str, top: int = 25) -> None:
@@ -31,7 +33,7 @@ def gaps(path: str, top: int = 25) -> None:
     kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                      key=lambda e: e["ts"])
     launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+                if e.get("cat") in LAUNCHES and "correlation" in e.get("args", {})}
     ops: dict[object, list[dict]] = defaultdict(list)
     for e in events:
         if e.get("cat") == "cpu_op" and e.get("ph") == "X":

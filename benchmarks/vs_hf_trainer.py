@@ -27,7 +27,8 @@ layers sharing an input (q/k/v, gate/up) one by one as peft does (`lora_fused: f
 cuDNN kernel first (`attn_kernel: cudnn`; the default keeps PyTorch's order, flash first); and any with `/ops`
 added dequantizes 4-bit weights as before the Triton kernel (`TUNEBENCH_NF4_KERNEL=0`: inductor's kernel for the
 torch ops); `/around` puts Hugging Face's checkpoint around the call of each block recomputed whole, as before
-`ckpt_traced` (`ckpt_traced: false`; there 4-bit blocks keep bitsandbytes' layers).
+`ckpt_traced` (`ckpt_traced: false`; there 4-bit blocks keep bitsandbytes' layers); `/cpp` launches the compiled
+graphs' kernels from inductor's C++ wrapper instead of Python (`TORCHINDUCTOR_CPP_WRAPPER=1`).
 `--profile V` adds, for each variant V named, the GPU time per step by kind of kernel and the share of the step
 the GPU sat idle (tunebench's step built from the runner's pieces).
 """
@@ -74,6 +75,8 @@ VARIANTS |= {f"{name}/ops": options for name, options in list(VARIANTS.items())}
 # each of those with Hugging Face's checkpoint around the call of a block recomputed whole (ckpt_traced: false)
 VARIANTS |= {f"{name}/around": dict(options, ckpt_traced=False) for name, options in list(VARIANTS.items())
              if options["grad_ckpt"]}
+# each of those with inductor's C++ wrapper launching the compiled graphs' kernels (TORCHINDUCTOR_CPP_WRAPPER=1)
+VARIANTS |= {f"{name}/cpp": options for name, options in list(VARIANTS.items())}
 
 
 def _cfg(a: argparse.Namespace, variant: str | None = None):
@@ -234,6 +237,8 @@ def _child(a: argparse.Namespace, side: str, liger: bool = False, variant: str =
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     if "/ops" in variant:
         env["TUNEBENCH_NF4_KERNEL"] = "0"
+    if "/cpp" in variant:
+        env["TORCHINDUCTOR_CPP_WRAPPER"] = "1"
     if side == "unsloth" and os.environ.get("UNSLOTH_SITE"):  # its packages (and the datasets < 5 it pins) apart
         env["PYTHONPATH"] = os.pathsep.join((os.environ["UNSLOTH_SITE"], env.get("PYTHONPATH", "")))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

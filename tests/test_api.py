@@ -1,11 +1,12 @@
-"""The Python API is the CLI's equal: distributed runs, scaling, sweeps and the one save site."""
+"""The Python API is the CLI's equal: distributed runs, sweeps and the one save site (a scaling series from Python:
+the README's example, run by test_readme; its figures: test_distributed's test_scaling_records_efficiency)."""
 
 import json
 
 import pytest
 
 from tunebench import RunConfig, Store, run
-from tunebench.api import finalize, plan_sweep, register, run_scaling, run_sweep, sweep_records
+from tunebench.api import finalize, plan_sweep, register, run_sweep, sweep_records
 from tunebench.api import pending as pending_attempts
 
 TINY = dict(model="tiny-llama", device="cpu", seq_len=32, batch_size=1, steps=3, warmup=1)
@@ -25,12 +26,6 @@ def test_run_without_store_saves_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rec = run(RunConfig(**TINY))
     assert rec.status == "ok" and not list(tmp_path.iterdir())
-
-
-def test_scaling_from_python(tmp_path):
-    recs = run_scaling(RunConfig(strategy="ddp", **TINY), [1, 2], tmp_path / "r.db")
-    assert [r.metrics.world_size for r in recs] == [1, 2]
-    assert recs[0].metrics.scaling.efficiency == 1.0 and recs[1].metrics.scaling.baseline_id == recs[0].id
 
 
 def test_sweep_from_python(tmp_path):

@@ -1,6 +1,7 @@
 """torch.compile's two scopes: what each strategy gets, and the whole-model graph (loss included) training as eager does."""
 
 import pytest
+import torch
 
 from tunebench import RunConfig, run
 from tunebench.flags import config_from, parse_run
@@ -47,18 +48,27 @@ def test_scope_keeps_config_hashes():
     assert RunConfig(compile=True).config_hash() == RunConfig(compile=True, compile_scope="auto").config_hash()
 
 
-def test_whole_model_compile_trains_as_eager():
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md")
+
+
+@pytest.mark.parametrize("model,device", [("tiny-llama", "cpu"), pytest.param("tiny-llama", "cuda", marks=GPU),
+                                          pytest.param("tinygpt-124m", "cuda", marks=GPU)])
+def test_whole_model_compile_trains_as_eager(model, device):
     """Embeddings, blocks, norm and the fused loss in one graph: the same losses as eager, step by step."""
-    cfg = RunConfig(model="tiny-llama", method="full", steps=4, warmup=1, seq_len=32, batch_size=2, lr=3e-3,
-                    device="cpu", precision="fp32", telemetry=False)
-    eager = run(cfg)
+    cfg = RunConfig(model=model, method="full", steps=4, warmup=1, seq_len=32, batch_size=2, lr=3e-3,
+                    device=device, precision="fp32", telemetry=False, dropout=0.0)
+    eager = run(cfg if device == "cpu" else cfg.model_copy(update={"compile": False}))
     whole = run(cfg.model_copy(update={"compile": True, "compile_scope": "model"}))
     assert eager.status == whole.status == "ok", whole.error
     assert len(whole.metrics.losses) == 4
-    assert whole.metrics.losses == pytest.approx(eager.metrics.losses, rel=1e-3)
-    # compile=auto is eager on the CPU; compiling is counted in setup and shown apart, never in a step time
-    assert eager.config["compile"] == "auto" and eager.metrics.compile_scope is None
-    assert eager.metrics.compile_s is None and "compile" not in label(eager)
+    # the first loss is one forward of the same weights; later ones carry the graph's other rounding through lr 3e-3
+    # updates (1.2e-3 apart at step 3 on the CPU of the GPU machine, 16 cores)
+    assert whole.metrics.losses[0] == pytest.approx(eager.metrics.losses[0], rel=1e-5)
+    assert whole.metrics.losses == pytest.approx(eager.metrics.losses, rel=5e-3)
+    # compiling is counted in setup and shown apart, never in a step time
+    if device == "cpu":  # compile=auto is eager on the CPU
+        assert eager.config["compile"] == "auto" and eager.metrics.compile_scope is None
+        assert eager.metrics.compile_s is None and "compile" not in label(eager)
     assert whole.metrics.compile_scope == "model" and label(whole).endswith(" compile")
     assert 0.5 < whole.metrics.compile_s <= whole.metrics.setup_s
     assert whole.metrics.step_time_s.p99 < whole.metrics.compile_s  # not in the timed steps

@@ -149,3 +149,30 @@ def test_compiled_softmax_gradient_matches_the_in_place_one(padded, masked):
             assert not grad[:, vocab:].any()
         if masked:
             assert not grad[~v].any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab", [1000, 1024])  # padded to a multiple of 64, and not
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_loss_traced_in_a_graph_equals_eager(monkeypatch, device, vocab, masked):
+    """The fused loss inside a compiled graph (a whole model's: its forward traced by dynamo, its ops in the graph)
+    gives the eager value and gradients: of the hidden states, and of the trained head, accumulated in groups."""
+    monkeypatch.setattr(L, "LOGITS_PER_CHUNK", vocab * 64)  # several chunks and groups, the last ones partial
+    torch.manual_seed(0)
+    head = torch.nn.Linear(128, vocab, bias=False, device=device)
+    h = torch.randn(3, 150, 128, device=device, requires_grad=True)
+    y = torch.randint(0, vocab, (3, 150), device=device)
+    if masked:
+        y[torch.rand(3, 150, device=device) < 0.3] = L.IGNORE
+
+    def loss(h, y):
+        return L.causal_lm_loss(h * 1.0, head, y, vocab, masked=masked)
+
+    want = loss(h, y)
+    want_grads = torch.autograd.grad(want, [h, head.weight])
+    torch._dynamo.reset()
+    got = torch.compile(loss, fullgraph=True)(h, y)
+    got_grads = torch.autograd.grad(got, [h, head.weight])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)

@@ -183,8 +183,11 @@ def test_compiled_blocks_are_fused_unless_checkpointed_around_and_trace_as_one_g
 
 
 def _float8(packed, qs, again=False):
+    """The weight in e4m3 and the factor per row that undoes its scale, as a float8 layer computes them."""
     nested = (qs.state2.code, qs.state2.absmax, qs.offset) if qs.nested else (None, None, None)
-    return nf4.float8_weight(packed, qs.absmax, qs.code, *nested, qs.blocksize, tuple(qs.shape), again)
+    args = (packed, qs.absmax, qs.code, *nested, qs.blocksize, tuple(qs.shape))
+    scale = nf4.float8_row_scales(*args)
+    return nf4.float8_weight(*args, scale, again), scale.reciprocal()[:, None]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -196,7 +199,7 @@ def test_float8_weight_straight_from_4_bits(device, quant_type, nested):
     gradient from them (row factors moved onto dy) within float8's rounding of dy W."""
     from tunebench.models import float8_frozen
 
-    for shape in ((384, 1024), (208, 4096)):
+    for shape in ((384, 1024), (208, 4096), (64, 176)):  # the last: blocks cross rows (scales from the weight)
         _, packed, qs = _quantized(shape, quant_type, nested, device)
         w = _ours(packed, qs)
         ref8, ref_inv = float8_frozen.rowwise(w)
@@ -227,14 +230,18 @@ import torch, triton, bitsandbytes.functional as BF
 from tunebench.models import nf4, nf4_kernel as K
 for rows, cols in ((200, 1024), (64, 4096), (130, 192)):  # programs cut at the end too
     w = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0))
-    packed, qs = BF.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=False)
-    per_block, p = qs.absmax.float(), packed.reshape(-1)
-    deq = nf4.dequantize(packed, qs.absmax, qs.code, 64, (rows, cols), torch.float32)
-    scale = 448.0 / per_block.view(rows, cols // 64).amax(1)
-    out = torch.full((rows * cols,), float("nan"))
-    K._to_float8_rows_kernel[(triton.cdiv(rows * cols // 2, 2048),)](
-        p, per_block, qs.code, scale, out, rows * cols // 2, ROW_BYTES=cols // 2, HALF_BLOCK=32, BYTES=2048)
-    assert torch.equal(out, (deq * scale[:, None]).reshape(-1).clamp(-448, 448)), (rows, cols)
+    for nested in (False, True):
+        packed, qs = BF.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=nested)
+        nest = (qs.state2.code, qs.state2.absmax, qs.offset) if nested else (qs.code, qs.code, qs.code)
+        deq = nf4.dequantize(packed, qs.absmax, qs.code, 64, (rows, cols), torch.float32,
+                             *(nest if nested else (None, None, None)))
+        scale = nf4.float8_row_scales(packed, qs.absmax, qs.code, *(nest if nested else (None, None, None)), 64,
+                                      (rows, cols))
+        out = torch.full((rows * cols,), float("nan"))
+        K._to_float8_rows_kernel[(triton.cdiv(rows * cols // 2, 2048),)](
+            packed.reshape(-1), qs.absmax, qs.code, *nest, scale, out, rows * cols // 2, ROW_BYTES=cols // 2,
+            HALF_BLOCK=32, NESTED_BLOCK=256, NESTED=nested, BYTES=2048)
+        assert torch.equal(out, (deq * scale[:, None]).reshape(-1).clamp(-448, 448)), (rows, cols, nested)
 print("placed")
 """
     env = os.environ | {"TRITON_INTERPRET": "1"}

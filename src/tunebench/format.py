@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tunebench.record import ResultRecord, StepTimes
@@ -37,9 +38,22 @@ def p50_ms(st: StepTimes | None) -> str:
     return "-" if not st else f"{st.p50 * 1e3:.1f}"
 
 
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Unsupported)(:|$)")
+
+
 def first_line(text: str | None, limit: int = 80, last: bool = False) -> str:
+    """The first line of `text`; `last`: its last, or for a traceback the line naming the exception (see
+    `headline`)."""
     lines = (text or "").strip().splitlines()
-    return (lines[-1] if last else lines[0])[:limit] if lines else ""
+    return (headline(text) if last else lines[0])[:limit] if lines else ""
+
+
+def headline(error: str | None) -> str:
+    """The line of an error that says what went wrong: the last line naming an exception (a traceback's own
+    line; below it can come hints such as torch.compile's "Set TORCHDYNAMO_VERBOSE=1 ..."), else the last line."""
+    lines = [line for line in (error or "").strip().splitlines() if line.strip()]
+    named = [line for line in lines if EXCEPTION_LINE.match(line)]
+    return (named or lines or [""])[-1]
 
 
 def error_cell(rec: ResultRecord, limit: int = 80, last: bool = False) -> str:

@@ -21,6 +21,7 @@ from tunebench.data.tokenizer import fingerprint, load_tokenizer
 from tunebench.environment import environment
 from tunebench.errors import UserError
 from tunebench.files import write_text
+from tunebench.format import headline
 from tunebench.launch import launcher_for
 from tunebench.record import ResultRecord
 from tunebench.runner import preflight
@@ -126,7 +127,7 @@ def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | N
 def _summary(rec: ResultRecord, wall: float) -> None:
     job, m = rec.metrics.job, rec.metrics
     if job is None:
-        say(f"train: {rec.status}: {(rec.error or '').strip().splitlines()[-1:] or ''}")
+        say(f"train: {rec.status}: {headline(rec.error)}")
         return
     line = f"train: {job.exit} after {job.steps:,}/{job.planned_steps:,} steps in {wall / 60:.1f} min"
     if job.predicted_s and job.steps == job.planned_steps and m.tokens_per_s:

@@ -50,7 +50,11 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         vocab = weight.shape[0]
         w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
         hc = h.to(dtype)
-        grad_h = torch.empty_like(hc) if h.requires_grad else None
+        # Traced (a whole model's graph), nothing is written in place: torch 2.11's dynamo saved for backward what
+        # a tensor held before in-place writes into it (all-zero gradients: tests/test_loss.py, run on an H200)
+        traced = torch.compiler.is_compiling()
+        grad_h = torch.empty_like(hc) if h.requires_grad and not traced else None
+        grads_h: list[torch.Tensor] = []  # traced: each group's, joined at the end
         grad_w = torch.zeros_like(w, dtype=torch.float32) if weight.requires_grad else None
         grad_b = torch.zeros_like(b, dtype=torch.float32) if bias is not None and bias.requires_grad else None
         total = torch.zeros((), device=h.device, dtype=torch.float32)
@@ -59,8 +63,11 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         span = chunk * GRAD_GROUP if grad_w is not None else chunk
         for i in range(0, hc.shape[0], span):
             rows = hc[i:i + span]
-            # d loss / d logits in the compute dtype: one chunk's, or a group's gathered here
-            g_rows = torch.empty((rows.shape[0], w.shape[0]), device=h.device, dtype=dtype) if span > chunk else None
+            # d loss / d logits in the compute dtype: one chunk's, or a group's gathered (eagerly into one buffer,
+            # each chunk's freed before the next chunk's logits exist)
+            g_rows = torch.empty((rows.shape[0], w.shape[0]), device=h.device, dtype=dtype) if (
+                span > chunk and not traced) else None
+            parts = []
             for j in range(0, rows.shape[0], chunk):
                 x, y = rows[j:j + chunk], labels[i + j:i + j + chunk]
                 valid = None
@@ -68,18 +75,26 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                     valid = y != IGNORE
                     y = torch.where(valid, y, 0)
                 part, g = _loss_and_grad(F.linear(x, w, b), y, vocab, valid, dtype)
-                total += part
+                total = total + part if traced else total.add_(part)
                 if g_rows is None:
-                    g_rows = g
-                else:  # freed before the next chunk's logits exist
+                    parts.append(g)
+                else:
                     g_rows[j:j + chunk] = g
                     del g
-            if grad_h is not None:
+            if g_rows is None:
+                g_rows = parts[0] if len(parts) == 1 else torch.cat(parts)
+            del parts
+            if traced and h.requires_grad:
+                grads_h.append(g_rows @ w)
+            elif grad_h is not None:
                 grad_h[i:i + span] = g_rows @ w
-            if grad_w is not None:
-                _accumulate(grad_w, g_rows.t(), rows)
+            if grad_w is not None:  # traced: the 16-bit product then added, as measured compiled
+                grad_w = grad_w + (g_rows.t() @ rows).float() if traced else _accumulate(grad_w, g_rows.t(), rows)
             if grad_b is not None:
-                grad_b += g_rows.sum(0, dtype=torch.float32)
+                group_b = g_rows.sum(0, dtype=torch.float32)
+                grad_b = grad_b + group_b if traced else grad_b.add_(group_b)
+        if grads_h:
+            grad_h = torch.cat(grads_h)
         ctx.save_for_backward(grad_h, None if grad_w is None else grad_w[:vocab],
                               None if grad_b is None else grad_b[:vocab])
         ctx.dtypes = (h.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -169,13 +184,12 @@ def _padded(t: torch.Tensor) -> torch.Tensor:
 _FP32_EPILOGUE = hasattr(torch.ops.aten.addmm, "dtype_out")
 
 
-def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b, acc fp32 and a, b 16-bit. Not while torch.compile traces (a whole-model graph holds the
-    loss): the plain form is what was measured compiled, the out= form only eagerly."""
-    if acc.device.type == "cuda" and _FP32_EPILOGUE and a.dtype != acc.dtype and not torch.compiler.is_compiling():
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-    else:
-        acc.add_(a @ b)
+def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """acc += a @ b in place (eagerly: traced, the loss accumulates without mutation), acc fp32 and a, b 16-bit;
+    returns acc."""
+    if acc.device.type == "cuda" and _FP32_EPILOGUE and a.dtype != acc.dtype:
+        return torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    return acc.add_(a @ b)
 
 
 def _chunk_loss(head: nn.Module, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 
 from tunebench.config import InferConfig, LoadConfig
 from tunebench.errors import require
+from tunebench.format import headline
 from tunebench.models.build import Weights
 from tunebench.record import ResultRecord
 from tunebench.status import failure
@@ -39,4 +40,4 @@ def recorded(rec: ResultRecord, log: Callable[[str], None], what: str) -> Iterat
         rec.status = "ok"
     except Exception as err:
         rec.status, rec.error = failure(err)
-        log(f"{what}: {rec.status}: {rec.error.strip().splitlines()[-1]}")
+        log(f"{what}: {rec.status}: {headline(rec.error)}")

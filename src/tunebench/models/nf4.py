@@ -58,27 +58,33 @@ def block_absmax(absmax: torch.Tensor, absmax_code: torch.Tensor | None = None,
     return absmax_code[index] * absmax_scale.repeat_interleave(NESTED_BLOCK)[:absmax.numel()] + offset
 
 
-def float8_weight(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax_code, absmax_scale, offset,
-                  blocksize: int, shape: tuple[int, int], again: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weight in e4m3 for a float8 matmul (models.float8_frozen), straight from its 4 bits, scaled per row;
-    and the factor per row that undoes the scale. `again`: through other ops (see `dequantize`), for backward.
+def float8_row_scales(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax_code, absmax_scale,
+                      offset, blocksize: int, shape: tuple[int, int]) -> torch.Tensor:
+    """Each row's scale into e4m3 (fp32): E4M3_MAX over the row's largest magnitude, as float8_frozen.rowwise finds
+    it. A frozen weight's are constant: computed once (fuse_dequantization), not in every pass.
 
-    The scales come from the blocks' absmax alone: a row's largest value is its largest block absmax times the
-    code's largest magnitude (each block holds its absmax exactly), so no pass over the weight finds them."""
+    Where blocks tile the rows (every LLM layer), from the blocks' absmax alone: a row's largest value is its largest
+    block absmax times the code's largest magnitude (each block holds its absmax exactly)."""
     rows, cols = shape
-    if cols % blocksize:  # blocks cross rows (tiny test models): the bf16 weight, then its scales
-        w = _dequantize(packed, absmax, code, blocksize, shape, torch.bfloat16, absmax_code, absmax_scale, offset,
-                        again=again)
-        return float8_frozen.rowwise(w)
-    per_block = block_absmax(absmax, absmax_code, absmax_scale, offset, again=again).float()
-    bound = (per_block.view(rows, cols // blocksize) * code.abs().max()).amax(1).clamp(min=1e-12)
-    scale = float8_frozen.E4M3_MAX / bound
-    if nf4_kernel.available(packed):
-        w8 = nf4_kernel.to_float8(packed, per_block, code, scale, blocksize, shape, again)
+    if cols % blocksize:  # blocks cross rows (tiny test models): from the weight itself
+        w = dequantize(packed, absmax, code, blocksize, shape, torch.float32, absmax_code, absmax_scale, offset)
+        bound = w.abs().amax(1)
     else:
-        w = dequantize(packed, per_block, code, blocksize, shape, torch.float32, again=again) * scale[:, None]
-        w8 = w.clamp(-float8_frozen.E4M3_MAX, float8_frozen.E4M3_MAX).to(float8_frozen.E4M3)
-    return w8, scale.reciprocal()[:, None]  # as float8_frozen.rowwise gives it
+        per_block = block_absmax(absmax, absmax_code, absmax_scale, offset).float()
+        bound = (per_block.view(rows, cols // blocksize) * code.abs().max()).amax(1)
+    return float8_frozen.E4M3_MAX / bound.clamp(min=float8_frozen.TINY)
+
+
+def float8_weight(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax_code, absmax_scale, offset,
+                  blocksize: int, shape: tuple[int, int], scale: torch.Tensor, again: bool = False) -> torch.Tensor:
+    """The weight in e4m3 for a float8 matmul (models.float8_frozen), straight from its 4 bits, each row times its
+    `scale` (float8_row_scales): one Triton kernel on a GPU. `again`: through other ops (see `dequantize`)."""
+    if nf4_kernel.available(packed):
+        return nf4_kernel.to_float8(packed, absmax, code, absmax_code, absmax_scale, offset, scale, blocksize, shape,
+                                    again)
+    w = dequantize(packed, absmax, code, blocksize, shape, torch.float32, absmax_code, absmax_scale, offset,
+                   again=again) * scale[:, None]
+    return w.clamp(-float8_frozen.E4M3_MAX, float8_frozen.E4M3_MAX).to(float8_frozen.E4M3)
 
 
 def _nibbles(packed: torch.Tensor, again: bool = False) -> torch.Tensor:
@@ -100,34 +106,35 @@ def _linear(x, packed, absmax, code, absmax_code, absmax_scale, offset, blocksiz
 
 
 class _Linear4bit(torch.autograd.Function):
-    """`float8`: both products in float8 (models.float8_frozen) from the dequantized weight."""
+    """`scale`, `inv` (the rows' float8 scales and their inverses, rows x 1): both products in float8
+    (models.float8_frozen) from the 4-bit weight cast straight to e4m3; None: in the input's dtype."""
 
     @staticmethod
     def forward(ctx, x, packed, absmax, code, absmax_code, absmax_scale, offset, blocksize: int, shape, bias,
-                float8: bool = False):
-        ctx.save_for_backward(packed, absmax, code, absmax_code, absmax_scale, offset)
-        ctx.meta = (blocksize, shape, bias is not None and bias.requires_grad, float8)
-        if not float8:
+                scale=None, inv=None):
+        ctx.save_for_backward(packed, absmax, code, absmax_code, absmax_scale, offset, scale, inv)
+        ctx.meta = (blocksize, shape, bias is not None and bias.requires_grad)
+        if scale is None:
             return _linear(x, packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape, bias)
-        w8, w_inv = float8_weight(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape)
-        y = float8_frozen.product(x, w8, w_inv)
+        w8 = float8_weight(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape, scale)
+        y = float8_frozen.product(x, w8, inv)
         return y if bias is None else y + bias
 
     @staticmethod
     def backward(ctx, grad):
-        packed, absmax, code, absmax_code, absmax_scale, offset = ctx.saved_tensors
-        blocksize, shape, bias_grad, float8 = ctx.meta
+        packed, absmax, code, absmax_code, absmax_scale, offset, scale, inv = ctx.saved_tensors
+        blocksize, shape, bias_grad = ctx.meta
         grad_x = None
-        if ctx.needs_input_grad[0] and float8:
-            w8, w_inv = float8_weight(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape,
-                                      again=True)
-            grad_x = float8_frozen.input_grad_of_rows(grad, w8, w_inv)
+        if ctx.needs_input_grad[0] and scale is not None:
+            w8 = float8_weight(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape, scale,
+                               again=True)
+            grad_x = float8_frozen.input_grad_of_rows(grad, w8, inv)
         elif ctx.needs_input_grad[0]:
             w = _dequantize(packed, absmax, code, blocksize, shape, grad.dtype, absmax_code, absmax_scale, offset,
                             again=True)
             grad_x = grad @ w
         grad_b = grad.reshape(-1, grad.shape[-1]).sum(0) if bias_grad else None
-        return grad_x, None, None, None, None, None, None, None, None, grad_b, None
+        return grad_x, None, None, None, None, None, None, None, None, grad_b, None, None
 
 
 def _forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +151,8 @@ def _forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return _linear(x, *args, bias).to(dtype)
     # float8 or not, the function keeps only the packed weight (both passes dequantize it); float8's blocks are not
     # traced-checkpointed (Strategy.traces_whole_checkpoint): so never `recomputed`
-    return _Linear4bit.apply(x, *args, bias, self.float8).to(dtype)
+    float8 = (self.float8_scale, self.float8_inv) if self.float8 else ()
+    return _Linear4bit.apply(x, *args, bias, *float8).to(dtype)
 
 
 def fusable(module: nn.Module) -> bool:
@@ -182,4 +190,10 @@ def fuse_dequantization(module: nn.Module, recomputed: bool = False, float8: boo
         m.forward = types.MethodType(_forward, m)
         # float8's matmuls take sides that are multiples of 16 (every LLM layer); others compute in bf16
         m.recomputed, m.float8 = recomputed, float8 and m.in_features % 16 == 0 and m.out_features % 16 == 0
+        if m.float8:  # buffers: moved with the layer, never saved in a checkpoint
+            qs = m.weight.quant_state
+            nested = (qs.state2.code, qs.state2.absmax, qs.offset) if qs.nested else (None, None, None)
+            scale = float8_row_scales(m.weight.data, qs.absmax, qs.code, *nested, qs.blocksize, tuple(qs.shape))
+            m.register_buffer("float8_scale", scale, persistent=False)
+            m.register_buffer("float8_inv", scale.reciprocal()[:, None], persistent=False)
     return len(layers)

@@ -39,11 +39,16 @@ def available(where: torch.Tensor | torch.device | str) -> bool:
 
 if triton is not None:
 
-    @triton.jit
-    def _mul_rn(a, b):
-        # an explicitly rounded multiply: PTX never contracts it with the following add into an fma
-        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's interpreter (numpy) never fuses a multiply-add
+        @triton.jit
+        def _mul_rn(a, b):
+            return a * b
+    else:
+        @triton.jit
+        def _mul_rn(a, b):
+            # an explicitly rounded multiply: PTX never contracts it with the following add into an fma
+            return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
+                                             is_pure=True, pack=1)
 
     @triton.jit
     def _dequantize_kernel(packed, absmax, code, absmax_code, absmax_scale, offset, out, n_bytes,
@@ -95,49 +100,66 @@ if triton is not None:
 
 
     @triton.jit
-    def _to_float8_rows_kernel(packed, absmax, code, row_scale, out, n_bytes, ROW_BYTES: tl.constexpr,
-                               HALF_BLOCK: tl.constexpr, BYTES: tl.constexpr):
+    def _to_float8_rows_kernel(packed, absmax, code, absmax_code, absmax_scale, offset, row_scale, out, n_bytes,
+                               ROW_BYTES: tl.constexpr, HALF_BLOCK: tl.constexpr, NESTED_BLOCK: tl.constexpr,
+                               NESTED: tl.constexpr, BYTES: tl.constexpr):
         """(code[nibble] * absmax) * row_scale in e4m3 (clamped to its largest, 448), row-major: one read of the
-        packed bytes, one write."""
+        packed bytes, one write; a nested absmax dequantized in place, as `_dequantize_kernel` does."""
         start = tl.program_id(0).to(tl.int64) * BYTES
         i = start + tl.arange(0, BYTES)
         inside = i < n_bytes
         b = tl.load(packed + i, mask=inside, other=0).to(tl.int32)
-        a = tl.load(absmax + i // HALF_BLOCK, mask=inside, other=0.0)
+        block = i // HALF_BLOCK
+        if NESTED:
+            q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
+            nested_scale = tl.load(absmax_scale + block // NESTED_BLOCK, mask=inside, other=0.0)
+            a = _mul_rn(tl.load(absmax_code + q), nested_scale) + tl.load(offset)
+        else:
+            a = tl.load(absmax + block, mask=inside, other=0.0)
         s = tl.load(row_scale + i // ROW_BYTES, mask=inside, other=0.0)
-        high = tl.clamp(tl.load(code + (b >> 4)) * a * s, -448.0, 448.0)
-        low = tl.clamp(tl.load(code + (b & 0xF)) * a * s, -448.0, 448.0)
+        high = tl.clamp(_mul_rn(tl.load(code + (b >> 4)), a) * s, -448.0, 448.0)
+        low = tl.clamp(_mul_rn(tl.load(code + (b & 0xF)), a) * s, -448.0, 448.0)
         pair = tl.reshape(tl.join(high, low), [2 * BYTES])
         j = 2 * start + tl.arange(0, 2 * BYTES)
         tl.store(out + j, pair.to(out.dtype.element_ty), mask=j < 2 * n_bytes)
 
-    def _launch_float8(packed, absmax, code, scale, blocksize: int, rows: int, cols: int) -> torch.Tensor:
+    def _launch_float8(packed, absmax, code, absmax_code, absmax_scale, offset, scale, blocksize: int, rows: int,
+                       cols: int) -> torch.Tensor:
         out = torch.empty(rows * cols, dtype=torch.float8_e4m3fn, device=packed.device)
+        nested = absmax_code is not None
+        if not nested:  # unused pointers: any tensor of the right device
+            absmax_code, absmax_scale, offset = code, code, code
         n_bytes = rows * cols // 2
         wrap_triton(_to_float8_rows_kernel)[(triton.cdiv(n_bytes, BYTES_PER_PROGRAM),)](
-            packed, absmax, code, scale, out, n_bytes, ROW_BYTES=cols // 2, HALF_BLOCK=blocksize // 2,
-            BYTES=BYTES_PER_PROGRAM, num_warps=NUM_WARPS)
+            packed, absmax, code, absmax_code, absmax_scale, offset, scale, out, n_bytes, ROW_BYTES=cols // 2,
+            HALF_BLOCK=blocksize // 2, NESTED_BLOCK=256, NESTED=nested, BYTES=BYTES_PER_PROGRAM, num_warps=NUM_WARPS)
         return out
 
     @triton_op("tunebench::dequantize_4bit_float8", mutates_args=())
-    def _dequantize_4bit_float8(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, scale: torch.Tensor,
-                                blocksize: int, rows: int, cols: int) -> torch.Tensor:
-        return _launch_float8(packed, absmax, code, scale, blocksize, rows, cols)
+    def _dequantize_4bit_float8(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
+                                absmax_code: torch.Tensor | None, absmax_scale: torch.Tensor | None,
+                                offset: torch.Tensor | None, scale: torch.Tensor, blocksize: int, rows: int,
+                                cols: int) -> torch.Tensor:
+        return _launch_float8(packed, absmax, code, absmax_code, absmax_scale, offset, scale, blocksize, rows, cols)
 
     @triton_op("tunebench::dequantize_4bit_float8_again", mutates_args=())
     def _dequantize_4bit_float8_again(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
-                                      scale: torch.Tensor, blocksize: int, rows: int, cols: int) -> torch.Tensor:
-        return _launch_float8(packed, absmax, code, scale, blocksize, rows, cols)
+                                      absmax_code: torch.Tensor | None, absmax_scale: torch.Tensor | None,
+                                      offset: torch.Tensor | None, scale: torch.Tensor, blocksize: int, rows: int,
+                                      cols: int) -> torch.Tensor:
+        return _launch_float8(packed, absmax, code, absmax_code, absmax_scale, offset, scale, blocksize, rows, cols)
 
 
-def to_float8(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, scale: torch.Tensor, blocksize: int,
+def to_float8(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax_code: torch.Tensor | None,
+              absmax_scale: torch.Tensor | None, offset: torch.Tensor | None, scale: torch.Tensor, blocksize: int,
               shape: tuple[int, int], again: bool = False) -> torch.Tensor:
-    """The 4-bit weight (rows x cols, `absmax` already dequantized: fp32, one per block) straight to e4m3, each value
-    times the `scale` of its row: what `nf4.dequantize` followed by that scaling and a cast computes, in one kernel
-    (needs `available(packed)`). `again`: the same values from a second entry point, as `dequantize`'s."""
+    """The 4-bit weight (rows x cols) straight to e4m3, each value times the `scale` of its row: what
+    `nf4.dequantize` in fp32 followed by that scaling and a cast computes, in one kernel (needs `available(packed)`).
+    `again`: the same values from a second entry point, as `dequantize`'s."""
     rows, cols = shape
     op = torch.ops.tunebench.dequantize_4bit_float8_again if again else torch.ops.tunebench.dequantize_4bit_float8
-    return op(packed.reshape(-1), absmax, code, scale, blocksize, rows, cols).view(rows, cols)
+    return op(packed.reshape(-1), absmax, code, absmax_code, absmax_scale, offset, scale, blocksize, rows,
+              cols).view(rows, cols)
 
 
 def dequantize(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int,

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from tunebench.files import write_text
-from tunebench.format import compiled, fmt, gib, label, pct, per_device, step_times
+from tunebench.format import compiled, fmt, gib, headline, label, pct, per_device, step_times
 from tunebench.record import ResultRecord
 
 
@@ -45,7 +45,7 @@ def publish(rec: ResultRecord, out: Path, name: str | None = None) -> Path:
         figures.append(("scaling", f"speedup {m.scaling.speedup:.2f}x, efficiency {pct(m.scaling.efficiency)}"))
     versions, tb = env.get("versions", {}), env.get("tunebench", {})
     text = "\n".join([
-        f"# {title}", "", f"Result `{rec.id}`, {rec.created_at}." + (f" Error: `{rec.error.splitlines()[-1]}`"
+        f"# {title}", "", f"Result `{rec.id}`, {rec.created_at}." + (f" Error: `{headline(rec.error)}`"
                                                                         if rec.error else ""), "",
         "## Figures", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in figures], "",
         "## Hardware", "",

@@ -6,6 +6,7 @@ loop ends at that step boundary with a checkpoint, so a preempted job loses at m
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -20,6 +21,7 @@ from tunebench.data.batches import DatasetBatches, eval_batches
 from tunebench.dist import DistContext
 from tunebench.engine import checkpoint
 from tunebench.engine.loop import LoopResult
+from tunebench.engine.model import CausalLMWithLoss
 from tunebench.engine.step import autocast
 from tunebench.units import GIB
 
@@ -44,11 +46,20 @@ class StopRequest:
             signal.signal(s, h)
 
 
+def _eagerly(module) -> contextlib.AbstractContextManager:
+    """A model compiled whole (compile_scope model) is evaluated eagerly: not a second, no-grad graph of the whole
+    model beside the training one; with one on an H200 (torch 2.11) the training graph then failed to compile
+    (dynamo's assertion in the fused loss). Blocks compiled one by one are evaluated compiled."""
+    whole = any(isinstance(m, CausalLMWithLoss) and getattr(m, "_compiled_call_impl", None) is not None
+                for m in module.modules())
+    return torch.compiler.set_stance("force_eager") if whole else contextlib.nullcontext()
+
+
 def evaluate(module, prepared, cfg, device: torch.device, ctx: DistContext) -> float:
     """Mean loss over the validation tokens (every rank its share, summed over ranks)."""
     module.eval()
     total = torch.zeros(2, device=device, dtype=torch.float64)
-    with torch.no_grad(), autocast(cfg, device):
+    with torch.no_grad(), autocast(cfg, device), _eagerly(module):
         for b in eval_batches(prepared, cfg.batch_size, device, ctx.rank, ctx.world_size, cfg.eval_batches):
             n = (b.labels != -100).sum()
             total += torch.stack([module(*b).double() * n, n.double()])
