@@ -70,6 +70,8 @@
 #                                          #   Llama-3-8B FSDP2 without checkpointing vs the plain script (the compiled loss)
 #   bash benchmarks/gpu_proof.sh keep7b    # issue 14: Mistral-7B LoRA (GPU 0) and QLoRA (GPU 1) vs HF, checkpointing
 #                                          #   three ways (ckpt_keep matmuls), the checkpointed one profiled
+#   bash benchmarks/gpu_proof.sh scope     # eager, per block and whole model train alike (losses step by step), the
+#                                          #   fused loss traced in a graph, the whole-model test on CUDA
 #   bash benchmarks/gpu_proof.sh autoscope # issue 14: compile_scope auto = model for full fine-tuning (GPT-2, Llama-3.2-1B
 #                                          #   against blocks), dropout 0, float8 frozen-base matmuls probed
 set -uo pipefail
@@ -441,6 +443,10 @@ attngpt)  # cuDNN's SDPA first vs flash's: its GPU tests; GPT-2 small whole mode
   CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider tests/test_attn_kernel.py 2>&1 | tail -3
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_plain_gpt.py --sides ${SIDES:-plain-compile,ours-model-cudnn,ours-model} \
     --out "$OUT/vs_plain_gpt_attn.json" 2>&1 | tail -n 8
+  ;;
+scope)
+  CUDA_VISIBLE_DEVICES=${GPU:-0} python3 -m pytest -q -p no:cacheprovider tests/test_loss.py tests/test_compile.py 2>&1 | tail -2
+  CUDA_VISIBLE_DEVICES=${GPU:-0} python3 benchmarks/scope_losses.py --steps 8 2>&1 | grep "^fp32\|^bf16" | tee "$OUT/scope_losses.txt"
   ;;
 gputests)
   CUDA_VISIBLE_DEVICES=${GPU:-0} python3 -m pytest -q -p no:cacheprovider tests/test_loss.py tests/test_optim.py \
