@@ -87,24 +87,52 @@ def test_training_routes_the_base_through_float8_and_learns_as_bf16(method, monk
     assert f8.metrics.losses != plain.metrics.losses  # the rounding is float8's: not silently bf16
 
 
+@pytest.mark.parametrize("base", ["bf16", "4-bit"])
+def test_recomputed_product_computes_what_the_autograd_functions_compute(base):
+    """The traced checkpoint's form of the product (one custom op with its own gradient) against the autograd
+    functions' form: the same float8 values, so the same output and input gradient, bit for bit."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+    w = (torch.randn(48, 64) * 0.02).to(torch.bfloat16)
+    grad = torch.randn(2, 8, 48, dtype=torch.bfloat16)
+    w8, w_inv = float8_frozen.rowwise(w)
+    xb = x.clone().requires_grad_()
+    if base == "bf16":  # a LoRA base (_FrozenLinear): backward casts W per column
+        xa = x.clone().requires_grad_()
+        ya = float8_frozen.linear(xa, w)
+        ya.backward(grad)
+        ref = (ya, xa.grad)
+        yb = float8_frozen.linear(xb, w, recomputed=True)
+    else:  # a 4-bit base (nf4._Linear4bit): W given in float8 per row, its row factors moved onto dy backward
+        ref = (float8_frozen.product(x, w8, w_inv), float8_frozen.input_grad_of_rows(grad, w8, w_inv))
+        yb = float8_frozen.recomputed_product(xb, w8, w_inv)
+    yb.backward(grad)
+    assert torch.equal(yb, ref[0]) and torch.equal(xb.grad, ref[1])
+    assert _rel(yb, torch.nn.functional.linear(x, w)) < 0.06
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-def test_checkpointed_float8_blocks_keep_only_their_input(device):
-    """Compiled QLoRA blocks recomputed whole keep what Hugging Face's checkpoint keeps, float8 or not: a float8
-    base's blocks have that checkpoint around their call, not traced (traced, on an H200, the partitioner kept
-    what the float8 function returns: 15.8 GiB against 6.9 on Mistral-7B)."""
+def test_traced_float8_blocks_keep_only_their_input(device, method):
+    """Compiled blocks recomputed whole keep what they keep in bf16 (their input), float8 or not: a float8 base's
+    products are recomputed_product there, which the traced checkpoint marks for recompute. (With the autograd
+    functions, torch 2.11's partitioner kept what they return: 15.8 GiB against 6.9 on Mistral-7B QLoRA, H200.)"""
     from test_recompute import _saved_activations
     from tunebench.engine.model import transformer_blocks
     from tunebench.engine.recompute import recomputes_traced
 
     saved = {}
-    for float8, traced in (("off", False), ("rowwise", True)):
+    for float8 in ("off", "rowwise"):
         plan = preflight(RunConfig(**BASE | dict(device=device, precision="bf16" if device == "cpu" else "auto"),
-                                   method="qlora", grad_ckpt=True, compile=True, float8=float8, ckpt_traced=traced))
+                                   method=method, grad_ckpt=True, compile=True, float8=float8))
         t = build_trainable(plan, Outcome(), SINGLE)
-        assert not any(recomputes_traced(b) for b in transformer_blocks(t.model, plan.spec.num_layers))
-        # what is kept, on the GPU only: the CPU's compiled graphs kept no more even traced (torch 2.13), the
-        # GPU's did (torch 2.11), so there the comparison is worth its compile time
-        for _ in range(2 if device == "cuda" else 0):  # the second after compiling
+        blocks = transformer_blocks(t.model, plan.spec.num_layers)
+        assert all(recomputes_traced(b) for b in blocks)
+        layers = [m for b in blocks for m in b.modules() if hasattr(m, "recomputed")]  # ours, float8 or 4-bit
+        assert all(m.recomputed for m in layers) and len(layers) == (7 * len(blocks) if float8 != "off"
+                                                                     or method == "qlora" else 0)
+        # what is kept, where it showed: torch 2.11 (the GPU image's; on its CPU build too), not the CPU's 2.13
+        for _ in range(2 if device == "cuda" or torch.__version__ < "2.13" else 0):  # the second after compiling
             saved[float8] = _saved_activations(plan, t)
     assert saved.get("rowwise") == saved.get("off")
 

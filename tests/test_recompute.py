@@ -148,8 +148,9 @@ def test_evaluation_runs_without_the_checkpoint():
 
 
 def _saved_activations(plan, t) -> Counter:
-    """Shapes of what one micro-batch's forward keeps for backward (how many of each), parameters apart."""
-    params = {p.data_ptr() for p in t.module.parameters()}
+    """Shapes of what one micro-batch's forward keeps for backward (how many of each), parameters and buffers
+    apart (held anyway)."""
+    params = {p.data_ptr() for p in (*t.module.parameters(), *t.module.buffers())}
     shapes: Counter = Counter()
 
     def pack(x):

@@ -231,7 +231,7 @@ def _adapted_base(model: nn.Module, blocks: list[nn.Module], head: nn.Module, cf
                 fuse_dequantization(block, recomputed=recomputes_traced(block), float8=cfg.frozen_float8)
     converted = sum(bool(getattr(m, "float8", False)) for b in blocks for m in b.modules())
     if cfg.frozen_float8 and cfg.method == "lora":
-        converted = to_float8_frozen(blocks, head)
+        converted = to_float8_frozen(blocks, head, recomputed=recomputes_traced)
     if cfg.frozen_float8 and not converted:  # not silently bf16 under a float8 label
         raise invalid("float8", cfg.float8, "no frozen layer of this model computes in float8 (it takes nn.Linear "
                                             "layers with sides multiples of 16: GPT-2's are Conv1D)")

@@ -14,9 +14,12 @@ On an H200 the seven frozen linears of a Mistral-7B block, both products at 4,09
 relative error on a product of random bf16 operands, what float8 training accepts.
 
 The autograd functions keep nothing for backward but the weight they were given (a parameter, or for QLoRA the
-packed 4-bit weight and its constants), never an activation. Traced inside a compiled block's checkpoint, the
-partitioner kept what they return instead of recomputing it, so such blocks keep Hugging Face's checkpoint around
-their call (Strategy.traces_whole_checkpoint).
+packed 4-bit weight and its constants), never an activation. Not inside a compiled block's traced checkpoint
+(engine.recompute.recompute_traced): torch 2.11's partitioner (the GPU image's) does not mark what runs inside an
+autograd function for recompute, and kept what it returns (Mistral-7B QLoRA on an H200: 15.8 GiB against 6.9).
+There the product is `recomputed_product`: the casts as plain ops and the float8 matmul one custom op with its
+own gradient, which the checkpoint marks like any op; backward's graph then casts the weight once for the
+recomputed forward and the input gradient both (three casts a step become two).
 
 Off CUDA (tests) the float8 product is computed from the same float8 values in fp32, as `_scaled_mm` computes
 it; `emulated` asks for that path on a GPU too, to compare the two."""
@@ -24,6 +27,7 @@ it; `emulated` asks for that path on a GPU too, to compare the two."""
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -101,19 +105,63 @@ class _FrozenLinear(torch.autograd.Function):
         return dx, None, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           emulated: bool = False) -> torch.Tensor:
+@torch.library.custom_op("tunebench::float8_product", mutates_args=())
+def _float8_product(x: torch.Tensor, x8: torch.Tensor, x_inv: torch.Tensor, w8: torch.Tensor, w_inv: torch.Tensor,
+                    weight: torch.Tensor | None, emulated: bool) -> torch.Tensor:
+    """x Wᵀ from x8 (x cast per token) and w8; `x` (2-D) only for its gradient. Backward: W cast per input column
+    from `weight` (a bf16 base) when given, else w8's rows with their factors moved onto dy (input_grad_of_rows)."""
+    return _mm(x8, x_inv, w8, w_inv, x.dtype, emulated)
+
+
+@_float8_product.register_fake
+def _(x, x8, x_inv, w8, w_inv, weight, emulated):
+    return x8.new_empty(x8.shape[0], w8.shape[0], dtype=x.dtype)
+
+
+def _keep_weight(ctx, inputs, output) -> None:
+    _, _, _, w8, w_inv, weight, ctx.emulated = inputs
+    ctx.save_for_backward(w8, w_inv, weight)
+
+
+def _product_grad(ctx, grad: torch.Tensor):
+    w8, w_inv, weight = ctx.saved_tensors
+    if weight is not None:
+        dx = input_grad(grad, weight.to(grad.dtype), ctx.emulated)
+    else:
+        dx = input_grad_of_rows(grad, w8, w_inv, ctx.emulated)
+    return dx, None, None, None, None, None, None
+
+
+_float8_product.register_autograd(_product_grad, setup_context=_keep_weight)
+
+
+def recomputed_product(x: torch.Tensor, w8: torch.Tensor, w_inv: torch.Tensor, weight: torch.Tensor | None = None,
+                       emulated: bool = False) -> torch.Tensor:
+    """x Wᵀ (W given in e4m3 per output row) in a block whose compiled checkpoint recomputes it: what the
+    checkpoint marks for recompute, unlike the autograd functions (see the module's note). `weight`: W in bf16,
+    cast per column for backward (a LoRA base); None: backward from w8 (a 4-bit base)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    x8, x_inv = rowwise(x2.detach())
+    return _float8_product(x2, x8, x_inv, w8, w_inv, weight, emulated).view(*x.shape[:-1], w8.shape[0])
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, emulated: bool = False,
+           recomputed: bool = False) -> torch.Tensor:
     """F.linear of a frozen weight in float8 (a bias added in the output's dtype). Under autocast the input is
-    cast to autocast's dtype first, as F.linear's would be."""
+    cast to autocast's dtype first, as F.linear's would be. `recomputed`: in a block whose compiled checkpoint
+    recomputes it (recomputed_product)."""
     kind = x.device.type
     if torch.is_autocast_enabled(kind):
         x = x.to(torch.get_autocast_dtype(kind))
-    y = _FrozenLinear.apply(x, weight, emulated)
+    if recomputed:
+        y = recomputed_product(x, *rowwise(weight.to(x.dtype)), weight=weight, emulated=emulated)
+    else:
+        y = _FrozenLinear.apply(x, weight, emulated)
     return y if bias is None else y + bias.to(y.dtype)
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias)
+    return linear(x, self.weight, self.bias, recomputed=self.recomputed)
 
 
 def takes(layer: nn.Module) -> bool:
@@ -129,9 +177,14 @@ def frozen_linears(blocks: list[nn.Module], head: nn.Module | None = None) -> li
             and not m.base_layer.weight.requires_grad]
 
 
-def to_float8_frozen(blocks: list[nn.Module], head: nn.Module | None = None) -> int:
-    """Route the frozen base layers of a LoRA model's blocks through float8 products; returns how many."""
-    layers = frozen_linears(blocks, head)
-    for m in layers:
-        m.forward = types.MethodType(_forward, m)
-    return len(layers)
+def to_float8_frozen(blocks: list[nn.Module], head: nn.Module | None = None,
+                     recomputed: Callable[[nn.Module], bool] = lambda block: False) -> int:
+    """Route the frozen base layers of a LoRA model's blocks through float8 products; returns how many.
+    `recomputed(block)`: the block's compiled checkpoint recomputes it (recomputed_product)."""
+    count = 0
+    for block in blocks:
+        for m in frozen_linears([block], head):
+            m.forward = types.MethodType(_forward, m)
+            m.recomputed = recomputed(block)
+            count += 1
+    return count

@@ -147,10 +147,12 @@ def _forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     nested = (qs.state2.code, qs.state2.absmax, qs.offset) if qs.nested else (None, None, None)
     packed = self.weight.data  # the plain uint8 tensor, without Params4bit's subclass
     args = (packed, qs.absmax, qs.code, *nested, qs.blocksize, tuple(qs.shape))
+    if self.recomputed and self.float8:  # the traced checkpoint recomputes the cast, once for both passes
+        y = float8_frozen.recomputed_product(x, float8_weight(*args, self.float8_scale), self.float8_inv)
+        return (y if bias is None else y + bias).to(dtype)
     if self.recomputed:  # plain ops: the traced checkpoint recomputes the dequantization in backward
         return _linear(x, *args, bias).to(dtype)
-    # float8 or not, the function keeps only the packed weight (both passes dequantize it); float8's blocks are not
-    # traced-checkpointed (Strategy.traces_whole_checkpoint): so never `recomputed`
+    # float8 or not, the function keeps only the packed weight (both passes dequantize it)
     float8 = (self.float8_scale, self.float8_inv) if self.float8 else ()
     return _Linear4bit.apply(x, *args, bias, *float8).to(dtype)
 
@@ -180,10 +182,10 @@ def fuse_dequantization(module: nn.Module, recomputed: bool = False, float8: boo
     """Route each fusable 4-bit linear of `module` through our dequantization; returns how many were.
 
     `recomputed`: `module` is a block whose whole-block checkpoint a compiled graph traces
-    (engine.recompute.recompute_traced). Its layers are then plain ops, dequantization and matmul, which the
-    checkpoint marks for recompute. Not `_Linear4bit`: what runs inside an autograd function is not marked, so
-    the partitioner kept what that function's backward reads (measured on an H200, Mistral-7B: each block's bf16
-    weights, 9.5 GiB in all).
+    (engine.recompute.recompute_traced). Its layers are then plain ops, dequantization and matmul (float8's:
+    float8_frozen.recomputed_product), which the checkpoint marks for recompute. Not `_Linear4bit`: what runs
+    inside an autograd function is not marked (torch 2.11), so the partitioner kept what that function's backward
+    reads (measured on an H200, Mistral-7B: each block's bf16 weights, 9.5 GiB in all).
     `float8`: both of a layer's products in float8 (models.float8_frozen)."""
     layers = [m for m in module.modules() if fusable(m)]
     for m in layers:

@@ -182,7 +182,9 @@ def _backward_temps(w: Workload, act: Activations) -> float:
         temps += w.tokens * act.per_layer
     if w.recompute_traced and w.recomputed_share:
         temps += TRACED_EXTRA_BLOCKS * w.tokens * act.per_layer
-        temps += 2 * w.counts.block_linears / w.layers if w.cfg.method == "qlora" else 0.0
+        # QLoRA's block weights rebuilt for its backward: bf16, or e4m3 with a frozen float8 base (not measured)
+        rebuilt = 1 if w.cfg.frozen_float8 else 2
+        temps += rebuilt * w.counts.block_linears / w.layers if w.cfg.method == "qlora" else 0.0
     return temps
 
 

@@ -79,12 +79,10 @@ class Strategy:
 
     def traces_whole_checkpoint(self, cfg: RunConfig) -> bool:
         """Blocks recomputed whole get their checkpoint traced inside the compiled block (ckpt_traced, compiled per
-        block); float8's too (torchao's matmuls: the forward keeps only the blocks' inputs, measured on an H200).
-        Not where parameters are gathered inside each module's forward (ZeRO-3): not measured so. Not with a frozen
-        base in float8 (models.float8_frozen): traced, the partitioner kept what its function returns, each block's
-        matmul outputs (Mistral-7B QLoRA on an H200: 15.8 GiB against 6.9)."""
-        return (cfg.ckpt_traced and self.compile_scope(cfg) == "blocks" and not self.gathers_per_module
-                and not cfg.frozen_float8)
+        block); float8's too (torchao's matmuls: the forward keeps only the blocks' inputs, measured on an H200;
+        a frozen base's: models.float8_frozen.recomputed_product). Not where parameters are gathered inside each
+        module's forward (ZeRO-3): not measured so."""
+        return cfg.ckpt_traced and self.compile_scope(cfg) == "blocks" and not self.gathers_per_module
 
     def check(self, cfg: RunConfig, world_size: int, packages: bool = True) -> None:
         """Refuse (UserError, one line) what this strategy cannot run, before anything is built.
@@ -110,8 +108,8 @@ class Strategy:
                             "with rowwise scales only (use float8=rowwise)")
         if cfg.frozen_float8 and cfg.grad_ckpt and cfg.compile_scope == "model":
             raise UserError(f"invalid float8={cfg.float8} with grad_ckpt and compile_scope=model: a frozen base's "
-                            "float8 blocks keep Hugging Face's checkpoint around their call, which one graph of the "
-                            "whole model would trace (use compile_scope=blocks)")
+                            "float8 products would run as autograd functions inside the whole model's graph, under "
+                            "Hugging Face's checkpoint, whose recompute does not reach them (use compile_scope=blocks)")
         if cfg.frozen_float8 and self.name not in ("single", "ddp"):
             raise UserError(f"invalid float8={cfg.float8} with method={cfg.method} and strategy={self.name}: a frozen "
                             "base computes in float8 under single or ddp (its weights whole on each GPU)")
