@@ -218,7 +218,7 @@ def test_float8_weight_straight_from_4_bits(device, quant_type, nested):
 
 def test_float8_kernel_in_tritons_interpreter_places_every_value():
     """The float8 kernel run by Triton's interpreter on the CPU (where Triton is installed) into an fp32 buffer:
-    every value scaled and placed as the torch ops place it. The interpreter's own cast to e4m3 rounds unlike the
+    every value scaled and placed as the torch ops place it (and the bf16 kernel's, which shares its pieces). The interpreter's own cast to e4m3 rounds unlike the
     GPU's (124 -> 64), so the cast is left to the GPU test above."""
     import os
     import subprocess
@@ -242,6 +242,11 @@ for rows, cols in ((200, 1024), (64, 4096), (130, 192)):  # programs cut at the 
             packed.reshape(-1), qs.absmax, qs.code, *nest, scale, out, rows * cols // 2, ROW_BYTES=cols // 2,
             HALF_BLOCK=32, NESTED_BLOCK=256, NESTED=nested, BYTES=2048)
         assert torch.equal(out, (deq * scale[:, None]).reshape(-1).clamp(-448, 448)), (rows, cols, nested)
+        out.fill_(float("nan"))  # the bf16 kernel's values, into fp32 too: the same block scales and places
+        K._dequantize_kernel[(triton.cdiv(rows * cols // 2, 2048),)](
+            packed.reshape(-1), qs.absmax, qs.code, *nest, out, rows * cols // 2, HALF_BLOCK=32, NESTED_BLOCK=256,
+            NESTED=nested, BYTES=2048)
+        assert torch.equal(out, deq.reshape(-1)), (rows, cols, nested, "dequantize")
 print("placed")
 """
     env = os.environ | {"TRITON_INTERPRET": "1"}

@@ -94,9 +94,10 @@ class RunConfig(BaseModel):
                             "(see compile_for)")
     compile_scope: Literal["auto", "blocks", "model"] = Field(
         "auto", description="with compile: blocks (each block its own graph; every strategy) or model (the whole "
-                            "model and its loss as one graph; strategies single and ddp; measured 1.88x blocks on "
-                            "GPT-2 full); auto: model for full fine-tuning without checkpointing under single or "
-                            "ddp (float8 and offload off), blocks otherwise", json_schema_extra=LATER)
+                            "model and its loss as one graph; strategies single and ddp; on an H200 GPT-2 full "
+                            "1.06-1.15x blocks across jobs); auto: model for full fine-tuning without "
+                            "checkpointing under single or ddp (float8 and offload off), blocks otherwise",
+        json_schema_extra=LATER)
     float8: Literal["off", "tensorwise", "rowwise"] = Field(
         "off", description="full fine-tuning: the blocks' linear layers compute in float8 through torchao (GPUs of "
                            "compute capability 8.9+; master weights and optimizer state unchanged); tensorwise: one "

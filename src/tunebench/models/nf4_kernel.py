@@ -51,6 +51,25 @@ if triton is not None:
                                              is_pure=True, pack=1)
 
     @triton.jit
+    def _block_absmax(absmax, absmax_code, absmax_scale, offset, block, inside, NESTED_BLOCK: tl.constexpr,
+                      NESTED: tl.constexpr):
+        """Each byte's block scale in fp32: a nested absmax dequantized in place (code2[q] * absmax2 + offset)."""
+        if NESTED:
+            q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
+            scale = tl.load(absmax_scale + block // NESTED_BLOCK, mask=inside, other=0.0)
+            a = _mul_rn(tl.load(absmax_code + q), scale) + tl.load(offset)
+        else:
+            a = tl.load(absmax + block, mask=inside, other=0.0)
+        return a
+
+    @triton.jit
+    def _store_pairs(out, start, high, low, n_bytes, BYTES: tl.constexpr):
+        """Each byte's two values interleaved, high nibble's first (as bitsandbytes packs), in out's dtype."""
+        pair = tl.reshape(tl.join(high, low), [2 * BYTES])
+        j = 2 * start + tl.arange(0, 2 * BYTES)
+        tl.store(out + j, pair.to(out.dtype.element_ty), mask=j < 2 * n_bytes)
+
+    @triton.jit
     def _dequantize_kernel(packed, absmax, code, absmax_code, absmax_scale, offset, out, n_bytes,
                            HALF_BLOCK: tl.constexpr, NESTED_BLOCK: tl.constexpr, NESTED: tl.constexpr,
                            BYTES: tl.constexpr):
@@ -58,31 +77,25 @@ if triton is not None:
         i = start + tl.arange(0, BYTES)
         inside = i < n_bytes
         b = tl.load(packed + i, mask=inside, other=0).to(tl.int32)
-        block = i // HALF_BLOCK  # a block of BLOCKSIZE values is HALF_BLOCK bytes
-        if NESTED:
-            q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
-            scale = tl.load(absmax_scale + block // NESTED_BLOCK, mask=inside, other=0.0)
-            a = _mul_rn(tl.load(absmax_code + q), scale) + tl.load(offset)
-        else:
-            a = tl.load(absmax + block, mask=inside, other=0.0)
-        high = _mul_rn(tl.load(code + (b >> 4)), a)  # high nibble first, as bitsandbytes packs
+        # a block of BLOCKSIZE values is HALF_BLOCK bytes
+        a = _block_absmax(absmax, absmax_code, absmax_scale, offset, i // HALF_BLOCK, inside, NESTED_BLOCK, NESTED)
+        high = _mul_rn(tl.load(code + (b >> 4)), a)
         low = _mul_rn(tl.load(code + (b & 0xF)), a)
-        pair = tl.reshape(tl.join(high, low), [2 * BYTES])
-        j = 2 * start + tl.arange(0, 2 * BYTES)
-        tl.store(out + j, pair.to(out.dtype.element_ty), mask=j < 2 * n_bytes)
+        _store_pairs(out, start, high, low, n_bytes, BYTES)
+
+    def _nested_args(code, absmax_code, absmax_scale, offset) -> tuple:
+        """The nested absmax's pointers; not nested, unused: any tensor of the right device."""
+        return (absmax_code, absmax_scale, offset) if absmax_code is not None else (code, code, code)
 
     def _launch(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize: int, numel: int,
                 dtype: torch.dtype, bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS
                 ) -> torch.Tensor:
         out = torch.empty(numel, dtype=dtype, device=packed.device)
-        nested = absmax_code is not None
-        if not nested:  # unused pointers: any tensor of the right device
-            absmax_code, absmax_scale, offset = code, code, code
         n_bytes = numel // 2
-        grid = (triton.cdiv(n_bytes, bytes_per_program),)
-        wrap_triton(_dequantize_kernel)[grid](packed, absmax, code, absmax_code, absmax_scale, offset, out, n_bytes,
-                                              HALF_BLOCK=blocksize // 2, NESTED_BLOCK=256, NESTED=nested,
-                                              BYTES=bytes_per_program, num_warps=num_warps)
+        nested = _nested_args(code, absmax_code, absmax_scale, offset)
+        wrap_triton(_dequantize_kernel)[(triton.cdiv(n_bytes, bytes_per_program),)](
+            packed, absmax, code, *nested, out, n_bytes, HALF_BLOCK=blocksize // 2, NESTED_BLOCK=256,
+            NESTED=absmax_code is not None, BYTES=bytes_per_program, num_warps=num_warps)
         return out
 
     @triton_op("tunebench::dequantize_4bit", mutates_args=())
@@ -98,7 +111,6 @@ if triton is not None:
                                dtype: torch.dtype) -> torch.Tensor:
         return _launch(packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, numel, dtype)
 
-
     @triton.jit
     def _to_float8_rows_kernel(packed, absmax, code, absmax_code, absmax_scale, offset, row_scale, out, n_bytes,
                                ROW_BYTES: tl.constexpr, HALF_BLOCK: tl.constexpr, NESTED_BLOCK: tl.constexpr,
@@ -109,30 +121,20 @@ if triton is not None:
         i = start + tl.arange(0, BYTES)
         inside = i < n_bytes
         b = tl.load(packed + i, mask=inside, other=0).to(tl.int32)
-        block = i // HALF_BLOCK
-        if NESTED:
-            q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
-            nested_scale = tl.load(absmax_scale + block // NESTED_BLOCK, mask=inside, other=0.0)
-            a = _mul_rn(tl.load(absmax_code + q), nested_scale) + tl.load(offset)
-        else:
-            a = tl.load(absmax + block, mask=inside, other=0.0)
+        a = _block_absmax(absmax, absmax_code, absmax_scale, offset, i // HALF_BLOCK, inside, NESTED_BLOCK, NESTED)
         s = tl.load(row_scale + i // ROW_BYTES, mask=inside, other=0.0)
         high = tl.clamp(_mul_rn(tl.load(code + (b >> 4)), a) * s, -448.0, 448.0)
         low = tl.clamp(_mul_rn(tl.load(code + (b & 0xF)), a) * s, -448.0, 448.0)
-        pair = tl.reshape(tl.join(high, low), [2 * BYTES])
-        j = 2 * start + tl.arange(0, 2 * BYTES)
-        tl.store(out + j, pair.to(out.dtype.element_ty), mask=j < 2 * n_bytes)
+        _store_pairs(out, start, high, low, n_bytes, BYTES)
 
     def _launch_float8(packed, absmax, code, absmax_code, absmax_scale, offset, scale, blocksize: int, rows: int,
                        cols: int) -> torch.Tensor:
         out = torch.empty(rows * cols, dtype=torch.float8_e4m3fn, device=packed.device)
-        nested = absmax_code is not None
-        if not nested:  # unused pointers: any tensor of the right device
-            absmax_code, absmax_scale, offset = code, code, code
         n_bytes = rows * cols // 2
+        nested = _nested_args(code, absmax_code, absmax_scale, offset)
         wrap_triton(_to_float8_rows_kernel)[(triton.cdiv(n_bytes, BYTES_PER_PROGRAM),)](
-            packed, absmax, code, absmax_code, absmax_scale, offset, scale, out, n_bytes, ROW_BYTES=cols // 2,
-            HALF_BLOCK=blocksize // 2, NESTED_BLOCK=256, NESTED=nested, BYTES=BYTES_PER_PROGRAM, num_warps=NUM_WARPS)
+            packed, absmax, code, *nested, scale, out, n_bytes, ROW_BYTES=cols // 2, HALF_BLOCK=blocksize // 2,
+            NESTED_BLOCK=256, NESTED=absmax_code is not None, BYTES=BYTES_PER_PROGRAM, num_warps=NUM_WARPS)
         return out
 
     @triton_op("tunebench::dequantize_4bit_float8", mutates_args=())

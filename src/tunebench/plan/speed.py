@@ -1,8 +1,9 @@
 """Step time of one configuration: the GPU's work against its ceilings, the host's, and the network's.
 
   matmuls      FLOPs of every GEMM (blocks, head, adapters; recompute under checkpointing) at the matmul
-               ceiling, scaled down for narrow models and short micro-batches (measured: 31% of MAMF at
-               hidden 768, 95% at 2048; 20% less again with 2048 tokens than with 16384)
+               ceiling, scaled down for narrow models and short micro-batches (measured: 90% of MAMF at
+               hidden 768, 93% at 2048; 20% less again with 2048 tokens than with 16384), an unpadded head
+               over an odd vocabulary 8x slower
                (float8: the blocks' GEMMs 1.45x faster tensorwise, 1.3x rowwise, casts included; a frozen base's
                1.43x; measured)
   attention    causal flash attention, forward + backward (2.5x), at 45% of the dense peak
@@ -28,6 +29,14 @@ from tunebench.plan.hardware import Hardware
 from tunebench.plan.workload import Workload
 
 ATTENTION_OF_PEAK = 0.45
+# Narrow models' GEMMs reach 0.93 / (1 + (NARROW_HIDDEN / hidden)^5) of the ceiling: 90% at GPT-2's 768 (profiled
+# on an H200, its blocks' and head's GEMMs 16.7 ms a step: 12.2 TFLOP at 0.9 of 807 TFLOP/s), 93% from 2048 up
+NARROW_HIDDEN = 400
+# A head whose rows are not a multiple of HEAD_ALIGN (GPT-2's 50,257): cuBLAS takes slow 1-element-aligned kernels,
+# this many times slower. The fused loss pads its head (engine.loss); a head computed by the model is not. Fitted
+# with NARROW_HIDDEN on the GPT-2 runs made before the loss padded it: all 32 within 15% (they fixed 880 before)
+HEAD_ALIGN = 64
+UNALIGNED_HEAD_SLOWDOWN = 8.0
 # SDPA with dropout draws its mask inside the kernel: GPT-2 small s2048 on an H200, 10.0 ms of attention a step
 # with 0.1 against 6.1 without (whole-model compile, one job); ATTENTION_OF_PEAK was fitted on runs with it
 ATTENTION_DROPOUT_SLOWDOWN = 1.6
@@ -78,7 +87,12 @@ class StepTime:
 
 def matmul_efficiency(hidden: int, tokens: int) -> float:
     """Fraction of the matmul ceiling the model's GEMMs reach: narrow layers and short micro-batches fall below it."""
-    return max(0.05, 0.93 / (1 + (880 / hidden) ** 5)) * tokens / (tokens + 600)
+    return max(0.05, 0.93 / (1 + (NARROW_HIDDEN / hidden) ** 5)) * tokens / (tokens + 600)
+
+
+def head_padded(w: Workload) -> bool:
+    """The head's rows padded to aligned GEMMs: in the fused loss (engine.loss), not in the model's own head."""
+    return w.fused_head
 
 
 def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
@@ -96,7 +110,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens)
     # float8: the blocks' GEMMs (not the head's) at float8's effective speedup, its casts included
     speedup = FLOAT8_FROZEN_SPEEDUP if cfg.frozen_float8 else FLOAT8_GEMM_SPEEDUP[cfg.float8]
-    gemm = (blocks / speedup + head) * tokens / ceiling
+    odd = UNALIGNED_HEAD_SLOWDOWN if s.vocab_size % HEAD_ALIGN and not head_padded(w) else 1.0
+    gemm = (blocks / speedup + head * odd) * tokens / ceiling
     gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
     q = s.num_heads * s.head_dim
     attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share - kept) * tokens
