@@ -75,7 +75,7 @@
 #   bash benchmarks/gpu_proof.sh autoscope # issue 14: compile_scope auto = model for full fine-tuning (GPT-2, Llama-3.2-1B
 #                                          #   against blocks), dropout 0, float8 frozen-base matmuls probed
 #   bash benchmarks/gpu_proof.sh f8traced  # issue 14: a frozen float8 base checkpointed traced vs around, Mistral-7B vs HF
-#                                          #   (METHOD=qlora|lora, OURS=..., TESTS=0 skips the float8 tests)
+#                                          #   (METHOD=qlora|lora, OURS=..., TESTS=0 skips the float8 and 4-bit tests)
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -439,7 +439,7 @@ dequant7b)  # issue 14: Mistral-7B QLoRA vs HF, 4-bit dequantization by our Trit
     --out "$OUT/dequant7b_${NAME:-a}.json" 2>&1 | tail -n ${TAIL:-12}
   ;;
 f8traced)
-  [ "${TESTS:-1}" = 1 ] && python3 -m pytest -q -p no:cacheprovider tests/test_float8_frozen.py \
+  [ "${TESTS:-1}" = 1 ] && python3 -m pytest -q -p no:cacheprovider tests/test_float8_frozen.py tests/test_nf4.py \
     tests/test_recompute.py::test_traced_blocks_keep_only_their_input 2>&1 | tail -3
   python3 benchmarks/vs_hf_trainer.py --method ${METHOD:-qlora} --model mistral-7b --seq-len 512 --batch-size 8 \
     --steps 24 --warmup 8 --ours ${OURS:-ckpt/f8,ckpt/f8/around} --profile "${PROFILE:-}" \

@@ -18,8 +18,8 @@ packed 4-bit weight and its constants), never an activation. Not inside a compil
 (engine.recompute.recompute_traced): torch 2.11's partitioner (the GPU image's) does not mark what runs inside an
 autograd function for recompute, and kept what it returns (Mistral-7B QLoRA on an H200: 15.8 GiB against 6.9).
 There the product is `recomputed_product`: the casts as plain ops and the float8 matmul one custom op with its
-own gradient, which the checkpoint marks like any op; backward's graph then casts the weight once for the
-recomputed forward and the input gradient both (three casts a step become two).
+own gradient, which the checkpoint marks like any op; backward's graph then casts a 4-bit weight once for the
+recomputed forward and the input gradient both (its three casts a step become two).
 
 Off CUDA (tests) the float8 product is computed from the same float8 values in fp32, as `_scaled_mm` computes
 it; `emulated` asks for that path on a GPU too, to compare the two."""

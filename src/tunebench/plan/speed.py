@@ -30,11 +30,13 @@ from tunebench.plan.workload import Workload
 
 ATTENTION_OF_PEAK = 0.45
 # Narrow models' GEMMs reach 0.93 / (1 + (NARROW_HIDDEN / hidden)^5) of the ceiling: 90% at GPT-2's 768 (profiled
-# on an H200, its blocks' and head's GEMMs 16.7 ms a step: 12.2 TFLOP at 0.9 of 807 TFLOP/s), 93% from 2048 up
+# on an H200 with the padded head: its blocks' and head's GEMMs 16.7-17.2 ms a step, 12.2 TFLOP at ~0.9 of 807
+# TFLOP/s), 93% from 2048 up
 NARROW_HIDDEN = 400
 # A head whose rows are not a multiple of HEAD_ALIGN (GPT-2's 50,257): cuBLAS takes slow 1-element-aligned kernels,
 # this many times slower. The fused loss pads its head (engine.loss); a head computed by the model is not. Fitted
-# with NARROW_HIDDEN on the GPT-2 runs made before the loss padded it: all 32 within 15% (they fixed 880 before)
+# with NARROW_HIDDEN on the GPT-2 runs made before the loss padded it: all 32 within 15% (a knee of 880 had folded
+# the slow head into every narrow model's GEMMs)
 HEAD_ALIGN = 64
 UNALIGNED_HEAD_SLOWDOWN = 8.0
 # SDPA with dropout draws its mask inside the kernel: GPT-2 small s2048 on an H200, 10.0 ms of attention a step
