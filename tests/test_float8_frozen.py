@@ -132,7 +132,7 @@ def test_traced_float8_blocks_keep_only_their_input(device, method):
         assert all(m.recomputed for m in layers) and len(layers) == (7 * len(blocks) if float8 != "off"
                                                                      or method == "qlora" else 0)
         # what is kept, where it showed: torch 2.11 (the GPU image's; on its CPU build too), not the CPU's 2.13
-        for _ in range(2 if device == "cuda" or torch.__version__ < "2.13" else 0):  # the second after compiling
+        for _ in range(2 if device == "cuda" or torch.__version__ < (2, 13) else 0):  # the second after compiling
             saved[float8] = _saved_activations(plan, t)
     assert saved.get("rowwise") == saved.get("off")
 

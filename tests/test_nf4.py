@@ -218,8 +218,8 @@ def test_float8_weight_straight_from_4_bits(device, quant_type, nested):
 
 def test_float8_kernel_in_tritons_interpreter_places_every_value():
     """The float8 kernel run by Triton's interpreter on the CPU (where Triton is installed) into an fp32 buffer:
-    every value scaled and placed as the torch ops place it (and the bf16 kernel's, which shares its pieces). The interpreter's own cast to e4m3 rounds unlike the
-    GPU's (124 -> 64), so the cast is left to the GPU test above."""
+    every value scaled and placed as the torch ops place it (and the bf16 kernel's, which shares its pieces). The
+    interpreter's own cast to e4m3 rounds unlike the GPU's (124 -> 64), so the cast is left to the GPU test above."""
     import os
     import subprocess
     import sys
