@@ -76,6 +76,8 @@
 #                                          #   against blocks), dropout 0, float8 frozen-base matmuls probed
 #   bash benchmarks/gpu_proof.sh f8traced  # issue 14: a frozen float8 base checkpointed traced vs around, Mistral-7B vs HF
 #                                          #   (METHOD=qlora|lora, OURS=..., TESTS=0 skips the float8 and 4-bit tests)
+#   bash benchmarks/gpu_proof.sh f8runs    # issue 14: the same float8 configurations as `tunebench run` records, each
+#                                          #   with the planner's prediction printed before it (records for test_plan)
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -444,6 +446,18 @@ f8traced)
   python3 benchmarks/vs_hf_trainer.py --method ${METHOD:-qlora} --model mistral-7b --seq-len 512 --batch-size 8 \
     --steps 24 --warmup 8 --ours ${OURS:-ckpt/f8,ckpt/f8/around} --profile "${PROFILE:-}" \
     --out "$OUT/f8traced_${METHOD:-qlora}${NAME:-}.json" 2>&1 | tail -n ${TAIL:-12}
+  ;;
+f8runs)
+  export CUDA_VISIBLE_DEVICES=0
+  C="--model mistral-7b --seq-len 512 --batch-size 8 --grad-ckpt --lora-rank 16 --lora-alpha 32 --lora-dropout 0
+     --float8 rowwise --steps 24 --warmup 8 --tag f8runs"
+  for v in "--method qlora --optimizer paged_adamw_8bit" \
+           "--method qlora --optimizer paged_adamw_8bit --ckpt-keep matmuls --ckpt-keep-every 8" \
+           "--method lora --optimizer adamw_fused"; do
+    tb plan $C $v --gpu h200 2>&1 | grep -E "^│ (peak allocated|tokens/s) "
+    tb run $C $v 2>&1 | grep -v "step [0-9]*/" | tail -4
+  done
+  tb results export --format jsonl -o "$OUT/f8runs.jsonl"
   ;;
 attnk)  # SDPA's backends (flash, memory-efficient, cuDNN) on Mistral-7B's and GPT-2 small's shapes
   python3 benchmarks/kernels_vs.py --ops attention,attention_gpt2 --out "$OUT/kernels_attention.json" 2>&1 | tail -8

@@ -42,10 +42,6 @@ def summary_table(p: Prediction) -> Table:
     if p.cfg.float8 != "off":
         tab.add("note", f"float8={p.cfg.float8}: memory is predicted as bf16's (measured 4-14% below it without "
                         "checkpointing, where float8 keeps smaller activations); speed from float8 runs on H200")
-    if p.cfg.frozen_float8 and p.cfg.grad_ckpt and STRATEGIES[p.cfg.strategy].traces_whole_checkpoint(p.cfg):
-        tab.add("note", f"float8={p.cfg.float8} on a frozen base, its checkpoint traced in the compiled blocks "
-                        "(ckpt_traced): built after the last GPU runs, predicted as bf16's traced runs and not "
-                        "measured yet (ckpt_traced=false, the checkpoint around each block, is the measured way)")
     if p.cfg.method == "qlora" and p.cfg.strategy == "zero3":
         tab.add("note", "QLoRA under zero3: memory is not modelled (on 2x H200, Llama-3-8B measured 28% above this "
                         "prediction); its speed is host-bound by DeepSpeed's hooks on the adapted layers (fitted); "
