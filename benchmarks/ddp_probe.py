@@ -55,7 +55,8 @@ def probe(a: argparse.Namespace) -> None:
     from tunebench.dist import from_env, rank_session
     from tunebench.engine.data import SyntheticTokens
     from tunebench.engine.step import attention_kernels
-    from tunebench.runner import Outcome, build_trainable, preflight
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import Outcome, build_trainable
     from vs_plain_ddp import _our_config
 
     if a.bucket_mb is not None:

@@ -78,12 +78,18 @@
 #                                          #   (METHOD=qlora|lora, OURS=..., TESTS=0 skips the float8 and 4-bit tests)
 #   bash benchmarks/gpu_proof.sh f8runs    # issue 14: the same float8 configurations as `tunebench run` records, each
 #                                          #   with the planner's prediction printed before it (records for test_plan)
+#   bash benchmarks/gpu_proof.sh launch1   # every strategy under torchrun on GPU 0 (the parent without the engine, the
+#                                          #   ranks' fast exit), each command's wall time; a train job under FSDP2
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# the image sets PYTHONDONTWRITEBYTECODE and ships no bytecode: every process compiled torch and transformers from
+# source (import tunebench.runner 18 s on the H100 machine). Bytecode cached aside is written once per machine.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=/tmp/pycache
 export TUNEBENCH_STORE=$OUT/results.db
 tb() { python3 -m tunebench.cli "$@"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -599,6 +605,34 @@ gpt2cal)
   for s in ddp zero2; do
     tb run $T --batch-size 1 --grad-accum 4 --strategy $s --nproc-per-node 2 2>&1 | grep -E "tokens/s  |peak memory"
   done
+  ;;
+launch1)
+  export CUDA_VISIBLE_DEVICES=0
+  # eager: the launch's own cost is seconds, and compiling takes tens of them
+  T="--model tinygpt-124m --seq-len 1024 --batch-size 4 --steps 6 --warmup 2 --nproc-per-node 1 --no-compile"
+  T="$T --tag gpu-proof-launch1"
+  # each strategy with this tree's code, then (where .whl/oldsrc/src holds an earlier tree) with that one
+  for s in ${STRATEGIES:-ddp fsdp zero2 zero3}; do
+    for src in src .whl/oldsrc/src; do
+      [ -d "$src" ] || continue
+      start=$(date +%s.%N)
+      PYTHONPATH=/tmp/site:$PWD/$src tb run $T --strategy $s --json > "$OUT/launch1.json" 2> "$OUT/launch1.err"
+      echo "$src $s: exit $? wall $(python3 -c "print(round($(date +%s.%N) - $start, 2))") s," \
+        "$(python3 -c "import json; r = json.load(open('$OUT/launch1.json')); print(r['status'], r['metrics']['tokens_per_s'])")," \
+        "shm_comm lines $(grep -c shm_comm "$OUT/launch1.err")"
+    done
+  done
+  export TUNEBENCH_CACHE=/tmp/tbcache
+  python3 benchmarks/stdlib_corpus.py /tmp/corpus --vocab 8000 > /dev/null
+  F="--model tinygpt-124m --tokenizer /tmp/corpus/tokenizer --data /tmp/corpus/stdlib.jsonl --strategy fsdp"
+  F="$F --nproc-per-node 1 --seq-len 512 --batch-size 8 --max-steps 40 --save-every 10 --log-every 5"
+  F="$F --output-dir /tmp/launch1 --tag gpu-proof-launch1"
+  rm -rf /tmp/launch1
+  python3 -m tunebench.cli train $F > "$OUT/launch1-train.log" 2>&1 &
+  job=$!
+  until grep -q "train: step 2[0-9]/40" "$OUT/launch1-train.log" || ! kill -0 $job 2>/dev/null; do sleep 0.5; done
+  kill -TERM $job; wait $job; echo "stopped by SIGTERM: exit $? (75: checkpoint saved)"
+  tb train $F --resume latest 2>&1 | grep "^train:\|resum"; echo "resumed: exit ${PIPESTATUS[0]}"
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

@@ -24,7 +24,8 @@ from tunebench.config import RunConfig
 from tunebench.dist import DistContext
 from tunebench.engine.data import SyntheticTokens
 from tunebench.metrics.memory import release
-from tunebench.runner import Outcome, build_trainable, preflight
+from tunebench.run_preflight import preflight
+from tunebench.runner import Outcome, build_trainable
 
 
 class SavedBytes:

@@ -28,7 +28,8 @@ def main() -> None:
     from tunebench.dist import SINGLE
     from tunebench.engine.data import SyntheticTokens
     from tunebench.engine.step import attention_kernels, optimizer_step_fn
-    from tunebench.runner import Outcome, build_trainable, preflight
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import Outcome, build_trainable
 
     plan = preflight(config_from_args(sys.argv[1:]))
     t = build_trainable(plan, Outcome(), SINGLE)

@@ -145,7 +145,8 @@ def our_rank(a: argparse.Namespace, config: Callable[[int], object], profile_ste
     from tunebench.dist import from_env, rank_session
     from tunebench.engine.data import SyntheticTokens
     from tunebench.engine.step import attention_kernels, optimizer_step_fn
-    from tunebench.runner import Outcome, build_trainable, preflight
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import Outcome, build_trainable
 
     ctx = from_env()
     cfg = config(ctx.world_size)

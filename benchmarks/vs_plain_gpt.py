@@ -176,7 +176,8 @@ def _our_step(cfg) -> Callable[[], object]:
     from tunebench.dist import SINGLE
     from tunebench.engine.data import SyntheticTokens
     from tunebench.engine.step import attention_kernels, optimizer_step_fn
-    from tunebench.runner import Outcome, build_trainable, preflight
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import Outcome, build_trainable
 
     plan = preflight(cfg)
     t = build_trainable(plan, Outcome(), SINGLE)

@@ -107,6 +107,16 @@ def _store_saves(tree: ast.AST) -> int:
     return n
 
 
+def test_the_launching_process_imports_no_engine():
+    """A distributed run's parent only checks and starts torchrun: transformers and the engine load in the ranks
+    (2-3 s less before they start; run_preflight imports transformers only for a LoRA model's structure)."""
+    code = ("import sys, tunebench.api.runs, tunebench.api.sweep, tunebench.api.train, tunebench.launch.torchrun; "
+            "print(sorted(m for m in ('transformers', 'peft', 'tunebench.runner', 'tunebench.engine.loop') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_results_are_saved_in_one_place():
     """Only tunebench.api.records calls Store.save: every new result goes through api.finalize."""
     callers = {str(p.relative_to(SRC)) for p in _py_files() if _store_saves(ast.parse(p.read_text()))}

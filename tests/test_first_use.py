@@ -71,9 +71,9 @@ def test_cpu_runs_fp32_by_default_and_says_so(tb, store):
 
 
 def test_a_model_too_big_for_host_memory_is_refused(tb, monkeypatch):
-    import tunebench.runner as runner
+    import tunebench.run_preflight as run_preflight
 
-    monkeypatch.setattr(runner, "available_host_bytes", lambda: 8 * 2**30)
+    monkeypatch.setattr(run_preflight, "available_host_bytes", lambda: 8 * 2**30)
     code, _, err = tb("run", "--model", "mistral-7b", "--device", "cpu", "--method", "lora", "--no-store")
     assert code == 2 and "needs at least 27.0 GiB of host memory" in err and "7.25 B parameters" in err
 

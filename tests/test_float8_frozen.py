@@ -6,7 +6,8 @@ import torch
 from tunebench import RunConfig, run
 from tunebench.dist import SINGLE
 from tunebench.models import float8_frozen
-from tunebench.runner import Outcome, build_trainable, preflight
+from tunebench.run_preflight import preflight
+from tunebench.runner import Outcome, build_trainable
 
 BASE = dict(model="tiny-llama", steps=6, warmup=1, seq_len=32, batch_size=2, lr=3e-3, device="cpu",
             telemetry=False)

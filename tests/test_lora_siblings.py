@@ -188,7 +188,8 @@ def test_runner_groups_where_compile_allows(compile_scope, keep, traced, grouped
     from tunebench.config import RunConfig
     from tunebench.dist import SINGLE
     from tunebench.engine.model import transformer_blocks
-    from tunebench.runner import Outcome, build_trainable, preflight
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import Outcome, build_trainable
 
     for fused in (True, False):
         cfg = RunConfig(model="tiny-llama", method="lora", seq_len=16, batch_size=1, device="cpu", grad_ckpt=True,

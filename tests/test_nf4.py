@@ -154,7 +154,8 @@ def test_compiled_blocks_are_fused_unless_checkpointed_around_and_trace_as_one_g
     from tunebench.config import RunConfig
     from tunebench.dist import SINGLE
     from tunebench.engine.model import transformer_blocks
-    from tunebench.runner import Outcome, build_trainable, preflight
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import Outcome, build_trainable
 
     def fused(keep: str, traced: bool = True) -> tuple[list[bool], object, object]:
         cfg = RunConfig(model="tiny-llama", method="qlora", seq_len=32, batch_size=1, device="cpu", compile=True,

@@ -11,7 +11,8 @@ from tunebench import RunConfig, run
 from tunebench.dist import SINGLE
 from tunebench.engine import offload
 from tunebench.errors import UserError
-from tunebench.runner import Outcome, build_trainable, preflight
+from tunebench.run_preflight import preflight
+from tunebench.runner import Outcome, build_trainable
 
 BASE = dict(model="tiny-llama", steps=4, warmup=1, seq_len=32, batch_size=2, lr=3e-3, device="cpu", precision="fp32",
             telemetry=False)

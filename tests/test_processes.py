@@ -24,7 +24,7 @@ def _suite(tmp_path, runs, name="p") -> Path:
 def test_sweep_timeout_ends_every_rank(tmp_path):
     path = _suite(tmp_path, [{"name": "hang", "strategy": "ddp", "nproc_per_node": 2, "fault": "hang@1",
                               "tag": ["t-timeout"]}])
-    p = cli_subprocess("sweep", str(path), "--store", str(tmp_path / "r.db"), "--run-timeout", "15", "--json",
+    p = cli_subprocess("sweep", str(path), "--store", str(tmp_path / "r.db"), "--run-timeout", "10", "--json",
                        timeout=300)
     (rec,) = json.loads(p.stdout)
     assert rec["status"] == "timeout"
@@ -50,10 +50,10 @@ def test_run_timeout_ends_a_hung_distributed_run(tmp_path):
     started = time.time()
     p = cli_subprocess("run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "32", "--steps", "4",
                        "--warmup", "1", "--strategy", "ddp", "--nproc-per-node", "2", "--fault", "hang@1",
-                       "--tag", "t-run-timeout", "--run-timeout", "15", "--json", "--store", str(tmp_path / "r.db"),
+                       "--tag", "t-run-timeout", "--run-timeout", "10", "--json", "--store", str(tmp_path / "r.db"),
                        timeout=300)
     rec = json.loads(p.stdout)
-    assert p.returncode == 1 and rec["status"] == "timeout" and "15 s" in rec["error"]
+    assert p.returncode == 1 and rec["status"] == "timeout" and "10 s" in rec["error"]
     assert time.time() - started < 120
     assert runs_gone("t-run-timeout")
     assert [r.status for r in Store(tmp_path / "r.db").records()] == ["timeout"]

@@ -83,7 +83,7 @@ def test_sweep_records_every_failure_kind_and_goes_on(tmp_path):
     path = _suite(tmp_path, [
         {"name": "ok", "method": "full"},
         {"name": "crash", "method": "full", "fault": "abort@2"},
-        {"name": "hang", "method": "lora", "fault": "hang@1", "run_timeout": 15},  # its own limit: the others none
+        {"name": "hang", "method": "lora", "fault": "hang@1", "run_timeout": 10},  # its own limit: the others none
         {"name": "nan", "method": "full", "lr": 1e30, "precision": "fp32", "steps": 8},
         {"name": "ok lora", "method": "lora"},
     ])
@@ -97,7 +97,7 @@ def test_sweep_records_every_failure_kind_and_goes_on(tmp_path):
     assert by_name["full"]["status"] == "ok" and by_name["lora"]["status"] == "ok"
     assert by_name["abort@2"]["status"] == "failed" and "SIGABRT" in by_name["abort@2"]["error"]
     assert "step 2/4" in by_name["abort@2"]["error"]  # the tail of its output
-    assert by_name["hang@1"]["status"] == "timeout" and "15 s" in by_name["hang@1"]["error"]
+    assert by_name["hang@1"]["status"] == "timeout" and "10 s" in by_name["hang@1"]["error"]
     assert by_name["nan"]["status"] == "nan"
     assert len({r["sweep_id"] for r in records}) == 1
     with Store(store) as s:

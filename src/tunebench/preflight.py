@@ -1,6 +1,6 @@
 """What every command checks before any weight exists, and the Plan those checks produce.
 
-`runner.preflight` (training), `hw.preflight`, `inference.load.preflight` and
+`run_preflight.preflight` (training), `hw.preflight`, `inference.load.preflight` and
 `inference.generate.preflight` each raise UserError for bad input and return a Plan: the
 validated config, the device it runs on, the model it needs (if any) and the world size.
 """

@@ -1,6 +1,6 @@
 """One training benchmark on one rank: preflight -> model -> method -> strategy -> loop -> record.
 
-``preflight`` checks everything that can be checked before a weight exists and raises UserError.
+``run_preflight.preflight`` checks everything that can be checked before a weight exists and raises UserError.
 ``execute`` runs on every rank. In one process it never raises for what happens after preflight:
 an OOM, a crash or a NaN becomes the record's status, because a failed configuration is a result.
 On several ranks an exception is raised instead, so the rank dies at once and torchrun ends the
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tunebench.config import BNB_OPTIMIZERS, RunConfig
+from tunebench.config import RunConfig
 from tunebench.console import say
 from tunebench.console.progress import ProgressFn
 from tunebench.dist import SINGLE, DistContext
@@ -39,99 +39,25 @@ from tunebench.engine.recompute import (
 )
 from tunebench.engine.step import TrainStep, attention_kernels, optimizer_step_fn
 from tunebench.environment import environment
-from tunebench.errors import UserError, invalid, require
-from tunebench.methods import apply_method, check_targets
+from tunebench.errors import invalid
+from tunebench.methods import apply_method
 from tunebench.methods.lora_siblings import group_siblings
 from tunebench.metrics.aggregate import combine_ranks, rank_figures
 from tunebench.metrics.compile import compile_seconds
 from tunebench.metrics.flops import FlopsPerToken, flops_per_token, peak_flops
-from tunebench.metrics.memory import available_host_bytes, peak_memory, release, reset_peak
+from tunebench.metrics.memory import peak_memory, release, reset_peak
 from tunebench.metrics.telemetry import Telemetry
-from tunebench.models import build_model, load_meta_model, resolve_model
-from tunebench.models.build import build_meta, build_partitioned, compute_dtype, quantizable_linears
-from tunebench.models.count import counts, training_floor_bytes
-from tunebench.models.float8 import refusal as float8_refusal
-from tunebench.models.float8_frozen import takes as float8_takes
+from tunebench.models import build_model
+from tunebench.models.build import build_meta, build_partitioned
+from tunebench.models.count import counts
 from tunebench.models.float8_frozen import to_float8_frozen
 from tunebench.models.nf4 import all_fusable, fuse_dequantization
 from tunebench.models.shards import init_adapters
-from tunebench.preflight import Plan, nproc_per_node, resolve_device
+from tunebench.preflight import Plan
 from tunebench.record import JobFigures, RankFigures, ResultRecord
+from tunebench.run_preflight import BIG_ON_CPU
 from tunebench.status import failure
-from tunebench.strategies import Strategy, check_strategy
-from tunebench.units import GIB
-
-BIG_ON_CPU = 500_000_000  # parameters: above this a CPU run is announced and its build shows progress
-
-
-def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
-    """Every check that needs no weights. Raises UserError with one line naming the problem."""
-    spec = resolve_model(cfg.model)
-    requested, device = cfg, resolve_device(cfg.device, local_rank)
-    n = counts(spec)
-    cfg = cfg.resolved(device.type, n.per_block if n else None)
-    if spec.max_positions and cfg.seq_len > spec.max_positions:
-        raise invalid("seq_len", cfg.seq_len, f"above the model's maximum of {spec.max_positions} positions")
-    if device.type == "cpu" and cfg.precision == "fp16":
-        raise invalid("precision", "fp16", "fp16 training is not supported on the CPU (use bf16 or fp32)")
-    if device.type == "cpu" and cfg.attn == "flash":
-        raise invalid("attn", "flash", "flash attention needs a CUDA GPU (use sdpa)")
-    nproc = nproc_per_node(cfg, device)
-    if device.type == "cuda" and nproc > torch.cuda.device_count():
-        raise invalid("nproc_per_node", nproc, f"only {torch.cuda.device_count()} GPUs are visible on this node")
-    world = nproc * cfg.nnodes
-    strategy = check_strategy(cfg, world)
-    if cfg.float8 != "off":  # what no GPU or package can change was refused with the strategy
-        _check_float8(cfg, device)
-    if cfg.method == "qlora":
-        require("bitsandbytes", "method=qlora")
-    if cfg.optimizer in BNB_OPTIMIZERS:
-        require("bitsandbytes", f"optimizer={cfg.optimizer}")
-    if cfg.attn == "flash":
-        require("flash_attn", "attn=flash")
-    if device.type == "cpu":
-        _check_host_memory(cfg, spec, nproc)
-    if cfg.method != "full":
-        meta = load_meta_model(spec, cfg)  # no memory, no weights
-        check_targets(meta, cfg.lora_targets)
-        if cfg.frozen_float8 and not any(float8_takes(m) for _, m in quantizable_linears(meta)):
-            raise invalid("float8", cfg.float8, f"no layer of {spec.name} can compute in float8 (it takes nn.Linear "
-                                                "layers with sides multiples of 16; GPT-2's are Conv1D)")
-    return Plan(cfg, device, spec, world, strategy, requested)
-
-
-def _check_float8(cfg: RunConfig, device: torch.device) -> None:
-    if device.type == "cuda":
-        why = float8_refusal(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device))
-        if why:
-            raise invalid("float8", cfg.float8, why)
-        if cfg.frozen_float8 and compute_dtype(cfg.resolved(device.type)) != torch.bfloat16:
-            raise invalid("float8", cfg.float8, "a frozen base's float8 products are written in bf16 (rowwise "
-                                                "scaling): use precision bf16 and quant_compute_dtype auto or bf16")
-    if not cfg.frozen_float8:  # a frozen base's float8 is ours (models.float8_frozen)
-        require("torchao", f"float8={cfg.float8}", "pip install torchao")
-
-
-def _check_host_memory(cfg: RunConfig, spec, nproc: int) -> None:
-    """On the CPU everything lives in host memory: refuse what cannot fit before building anything."""
-    c, free = counts(spec), available_host_bytes()
-    if c is None or free is None:
-        return
-    need = training_floor_bytes(c, cfg.method, cfg.precision, cfg.optimizer) * nproc
-    if need > free:
-        raise UserError(f"{cfg.model} {cfg.method} on the CPU needs at least {need / GIB:.1f} GiB of host memory "
-                        f"({c.total / 1e9:.2f} B parameters: weights, gradients and optimizer state, x {nproc} "
-                        f"process(es)) and {free / GIB:.1f} GiB is available; use a GPU or a smaller model")
-
-
-def cpu_note(plan: Plan) -> str | None:
-    """What a user should know before a big model trains on the CPU (None when it is small or on a GPU)."""
-    c = counts(plan.spec)
-    if plan.device.type != "cpu" or c is None or c.total < BIG_ON_CPU:
-        return None
-    need = training_floor_bytes(c, plan.cfg.method, plan.cfg.precision, plan.cfg.optimizer)
-    return (f"{plan.cfg.model} {plan.cfg.method} on the CPU: {c.total / 1e9:.2f} B parameters, at least "
-            f"{need / GIB:.1f} GiB of host memory; building takes minutes and each step can take minutes too")
+from tunebench.strategies import Strategy
 
 
 def _build_progress(name: str) -> Callable[[float], None]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from tunebench.api.runs import run
 from tunebench.config import RunConfig
 from tunebench.record import ResultRecord
-from tunebench.runner import preflight
+from tunebench.run_preflight import preflight
 from tunebench.suites import expand, load_suite
 
 

@@ -10,7 +10,7 @@ from tunebench.console.progress import run_progress
 from tunebench.launch import Launcher, launcher_for
 from tunebench.launch.isolated import Isolated
 from tunebench.record import ResultRecord
-from tunebench.runner import preflight
+from tunebench.run_preflight import preflight
 from tunebench.store import check_store, held_store
 
 

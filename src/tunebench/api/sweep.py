@@ -20,7 +20,7 @@ from tunebench.config import RunConfig
 from tunebench.errors import UserError
 from tunebench.launch.isolated import DEFAULT_RUN_TIMEOUT, Isolated
 from tunebench.record import ResultRecord
-from tunebench.runner import preflight
+from tunebench.run_preflight import preflight
 from tunebench.store import Store, check_store
 from tunebench.suites import Entry, definition, expand, from_definition, load_suite
 

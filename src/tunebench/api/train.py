@@ -24,10 +24,10 @@ from tunebench.files import write_text
 from tunebench.format import headline
 from tunebench.launch import launcher_for
 from tunebench.record import ResultRecord
-from tunebench.runner import preflight
+from tunebench.run_preflight import preflight
 from tunebench.store import Store, check_store_path, held_store
 from tunebench.trainer import output
-from tunebench.trainer.job import JobInputs
+from tunebench.trainer.inputs import JobInputs
 from tunebench.trainer.tracking import check as check_trackers
 
 PREEMPTED = 75  # exit code of a job stopped by a signal with its checkpoint saved (EX_TEMPFAIL: run it again)

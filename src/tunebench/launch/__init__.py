@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class Launcher(Protocol):
     def launch(self, cfg: RunConfig, plan: Plan | None = None, inputs: dict | None = None) -> ResultRecord | None:
         """Run `cfg` (`plan`: its preflight on this machine, if the caller has it) and return its record.
-        A training job (a TrainConfig) comes with `inputs`: trainer.job.JobInputs as JSON."""
+        A training job (a TrainConfig) comes with `inputs`: trainer.inputs.JobInputs as JSON."""
 
 
 def launcher_for(cfg: RunConfig, progress: Any = None) -> Launcher:

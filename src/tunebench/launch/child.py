@@ -31,5 +31,8 @@ def main(path: Path) -> int:
 
 
 if __name__ == "__main__":
+    from tunebench.launch.processes import exit_now
+
     with contextlib.redirect_stdout(sys.stderr):
-        sys.exit(main(Path(sys.argv[1])))
+        code = main(Path(sys.argv[1]))
+    exit_now(code)  # the result is written: skip the interpreter's teardown

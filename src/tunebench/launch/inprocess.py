@@ -13,7 +13,8 @@ from tunebench.console import say
 from tunebench.console.progress import ProgressFn
 from tunebench.preflight import Plan
 from tunebench.record import ResultRecord
-from tunebench.runner import cpu_note, execute, preflight
+from tunebench.run_preflight import cpu_note, preflight
+from tunebench.runner import execute
 
 
 @dataclass
@@ -26,7 +27,8 @@ class InProcess:
         if (self.progress or inputs is not None) and (note := cpu_note(plan)):
             say(note)
         if inputs is not None:
-            from tunebench.trainer.job import JobInputs, execute_train
+            from tunebench.trainer.inputs import JobInputs
+            from tunebench.trainer.job import execute_train
 
             return execute_train(plan, JobInputs.from_json(inputs), started)
         with (self.progress or _silent)(cfg) as progress:

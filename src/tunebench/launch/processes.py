@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import ctypes
@@ -30,6 +31,17 @@ def die_with_parent() -> None:
         return
     if parent == 1 or os.getppid() != parent:
         os._exit(1)
+
+
+def exit_now(code: int) -> None:
+    """End a run's process once its results are written: exit handlers run, streams flushed, then the
+    interpreter's teardown skipped. With torch and transformers loaded that teardown (freeing every
+    module) takes 0.3-0.9 s per process on 2 CPU cores, and every rank and run pays it."""
+    atexit._run_exitfuncs()  # what libraries registered (trackers' flushes, compile worker pools) still runs
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

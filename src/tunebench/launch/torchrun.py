@@ -20,12 +20,12 @@ from tunebench.launch.rundir import RunDir
 from tunebench.metrics.aggregate import MEMORY, max_present
 from tunebench.preflight import Plan, nproc_per_node
 from tunebench.record import ResultRecord, TrainMetrics
-from tunebench.runner import preflight
+from tunebench.run_preflight import preflight
 
 
 def torchrun_argv(cfg: RunConfig, nproc: int, rundir: Path) -> list[str]:
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={cfg.nnodes}",
-            "--max-restarts=0", "--monitor-interval=0.5"]
+            "--max-restarts=0", "--monitor-interval=0.1"]  # a rank's exit seen within 0.1 s
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
         argv.append("--standalone")  # a free local port, no fixed address to collide on
     else:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from tunebench.launch.processes import die_with_parent
+from tunebench.launch.processes import die_with_parent, exit_now
 
 
 @record  # torchrun's failure summary then shows this rank's traceback
@@ -24,7 +24,8 @@ def main(rundir_path: Path) -> None:
     from tunebench.console.progress import run_progress
     from tunebench.dist import from_env, rank_session
     from tunebench.launch.rundir import RunDir
-    from tunebench.runner import execute, preflight
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import execute
     from tunebench.status import failure
 
     started = time.perf_counter()
@@ -37,7 +38,8 @@ def main(rundir_path: Path) -> None:
     with rank_session(ctx, plan.device, cfg.timeout):
         try:
             if inputs is not None:  # a training job: its hooks log; every rank runs it
-                from tunebench.trainer.job import JobInputs, execute_train
+                from tunebench.trainer.inputs import JobInputs
+                from tunebench.trainer.job import execute_train
 
                 rec = execute_train(plan, JobInputs.from_json(inputs), started, ctx, rundir.write_rank)
             else:
@@ -54,3 +56,4 @@ if __name__ == "__main__":
     die_with_parent()  # torchrun killed (even by SIGKILL) takes every rank with it
     with contextlib.redirect_stdout(sys.stderr):
         main(Path(sys.argv[1]))
+    exit_now(0)  # written and the group destroyed: skip the interpreter's teardown (a failure raised above)

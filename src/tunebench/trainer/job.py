@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -28,26 +26,7 @@ from tunebench.preflight import Plan
 from tunebench.record import JobFigures, ResultRecord
 from tunebench.runner import Outcome, attempt, build_trainable, telemetry_for
 from tunebench.trainer.hooks import JobState, StopRequest, TrainHooks
-
-
-@dataclass
-class JobInputs:
-    """What the parent prepared for the ranks (it travels as JSON in the run directory)."""
-
-    data: str  # the prepared training rows (a cache folder)
-    eval: str | None  # the prepared validation rows
-    tokenizer: str  # the tokenizer's folder, saved beside the outputs
-    total: int  # optimizer steps planned
-    identity: dict[str, Any]  # what a checkpoint must match to be resumed
-    resume: str | None = None  # the checkpoint folder to continue from
-    prediction: dict[str, Any] | None = None  # tokens_per_s and where it came from
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> JobInputs:
-        return cls(**d)
+from tunebench.trainer.inputs import JobInputs
 
 
 def _prepared(path: str | None) -> Prepared | None:
