@@ -238,5 +238,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERNAL_ERROR
 
 
+def entry() -> None:
+    """The `tunebench` command: main, then an exit that skips the interpreter's teardown (0.3-0.9 s with torch
+    and transformers loaded). Everything main wrote is closed by then; `main` itself stays a plain function."""
+    from tunebench.launch.processes import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
