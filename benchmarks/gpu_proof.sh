@@ -78,6 +78,10 @@
 #                                          #   (METHOD=qlora|lora, OURS=..., TESTS=0 skips the float8 and 4-bit tests)
 #   bash benchmarks/gpu_proof.sh f8runs    # issue 14: the same float8 configurations as `tunebench run` records, each
 #                                          #   with the planner's prediction printed before it (records for test_plan)
+#   bash benchmarks/gpu_proof.sh scopefit  # compile per block and whole model, same job, each shape of SHAPES (records
+#                                          #   the planner's whole-model constants are fitted on); LOGLINE=1 first runs
+#                                          #   a train job stopped and resumed, its log lines as the GPU's lag shows them
+#   bash benchmarks/gpu_proof.sh scopeprof # GPU time by kind of kernel, per block and whole model, each shape of SHAPES
 #   bash benchmarks/gpu_proof.sh launch1   # every strategy under torchrun on GPU 0 (the parent without the engine, the
 #                                          #   ranks' fast exit), each command's wall time; a train job under FSDP2
 set -uo pipefail
@@ -633,6 +637,40 @@ launch1)
   until grep -q "train: step 2[0-9]/40" "$OUT/launch1-train.log" || ! kill -0 $job 2>/dev/null; do sleep 0.5; done
   kill -TERM $job; wait $job; echo "stopped by SIGTERM: exit $? (75: checkpoint saved)"
   tb train $F --resume latest 2>&1 | grep "^train:\|resum"; echo "resumed: exit ${PIPESTATUS[0]}"
+  ;;
+scopefit)
+  export CUDA_VISIBLE_DEVICES=0 TUNEBENCH_CACHE=/tmp/tbcache
+  if [ -n "${LOGLINE:-}" ]; then
+    python3 benchmarks/stdlib_corpus.py /tmp/corpus --vocab 1000 > /dev/null  # tiny-llama's 1,024 embeddings
+    F="--model tiny-llama --tokenizer /tmp/corpus/tokenizer --data /tmp/corpus/stdlib.jsonl --seq-len 256"
+    F="$F --batch-size 8 --log-every 1 --save-every 6 --output-dir /tmp/logline --no-compile --tag gpu-proof-logline"
+    tb train $F --max-steps 6 > "$OUT/logline-a.log" 2>&1; echo "first 6 steps: exit $?"
+    tb train $F --max-steps 10 --resume latest > "$OUT/logline-b.log" 2>&1; echo "resumed to 10: exit $?"
+    grep "^train: step" "$OUT/logline-a.log" "$OUT/logline-b.log"
+  fi
+  # one shape a line: the run's arguments; each runs per block, then whole (the default for full fine-tuning)
+  SHAPES=${SHAPES:-"--model tinygpt-124m --seq-len 2048 --batch-size 8"}
+  while IFS= read -r shape; do
+    [ -n "$shape" ] || continue
+    for scope in blocks model; do
+      timeout 300 python3 -m tunebench.cli run $shape --steps 20 --warmup 8 --compile-scope $scope --tag scopefit \
+        > "$OUT/scope.log" 2>&1
+      echo "$shape --compile-scope $scope: exit $?; $(grep -v "step [0-9]*/" "$OUT/scope.log" | tail -2 | tr '\n' ' ')"
+      tb results export --format jsonl -o "$OUT/results.jsonl" > /dev/null  # what has run, if the call is cut
+    done
+  done <<< "$SHAPES"
+  ;;
+scopeprof)
+  export CUDA_VISIBLE_DEVICES=0
+  SHAPES=${SHAPES:-"--model tinygpt-124m --seq-len 2048 --batch-size 8"}
+  while IFS= read -r shape; do
+    [ -n "$shape" ] || continue
+    for scope in blocks model; do
+      echo "PROFILE $shape --compile-scope $scope"
+      timeout 240 python3 benchmarks/profile_trace.py $shape --compile-scope $scope 2> "$OUT/prof.err" | tail -1 \
+        || tail -5 "$OUT/prof.err"
+    done
+  done <<< "$SHAPES" | tee "$OUT/scopeprof.txt"
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

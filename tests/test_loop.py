@@ -4,11 +4,14 @@ import torch
 
 from tunebench.engine.loop import LoopResult, LoopSpec, _between_steps, _Reader
 from tunebench.metrics.timer import StepTimer
+from tunebench.trainer.hooks import loss_text
 
 
 class _Log:
     def __init__(self):
         self.timed_steps: list[int] = []
+        self.loss_steps: list[int] = []
+        self.losses: list[float | None] = []
 
     def due(self, done: int) -> bool:
         return False
@@ -16,8 +19,10 @@ class _Log:
     def run(self, done, result, stop) -> bool:
         return False
 
-    def log(self, done, result, timed_s, timed_steps) -> None:
+    def log(self, done, result, timed_s, timed_steps, loss_step) -> None:
         self.timed_steps.append(timed_steps)
+        self.loss_steps.append(loss_step)
+        self.losses.append(result.losses[-1] if result.losses else None)
 
 
 def test_progress_counts_the_timed_steps_the_device_finished():
@@ -28,11 +33,20 @@ def test_progress_counts_the_timed_steps_the_device_finished():
     for i in range(spec.steps):
         if i == spec.warmup:
             timer.start()
-        reader.queue(i, torch.tensor([1.0, 0.0]))
+        reader.queue(i, torch.tensor([float(i + 1), 0.0]))  # step i + 1's loss is i + 1
         if i >= spec.warmup:
             timer.step_end()
         reader.read(i - lag)
         _between_steps(hooks, i + 1, reader, timer, result, spec)
-    # queued by then: 0, 0, 1, 2, 3, 4, 5, 6 timed steps; read back: two steps later
-    assert hooks.timed_steps == [0, 0, 0, 0, 1, 2, 3, 4]
+    # queued by then: 0, 0, 1, 2, 3, 4, 5, 6 timed steps; read back: two steps later, but at the last step (as at
+    # any step with an evaluation or a checkpoint) every step is read before the line is logged
+    assert hooks.timed_steps == [0, 0, 0, 0, 1, 2, 3, 6]
+    # the loss a log line shows is that of the step named beside it, which trails the steps done by the lag
+    assert hooks.loss_steps == [0, 0, 1, 2, 3, 4, 5, 8] and hooks.losses == [None, None, 1, 2, 3, 4, 5, 8]
     assert len(timer.spans) == 6
+
+
+def test_a_log_line_names_the_step_its_loss_is_from():
+    assert loss_text(2.5, 10, 10) == "loss 2.5000"
+    assert loss_text(2.5, 8, 10) == "loss 2.5000 (step 8)"  # read back two steps late, as on a GPU
+    assert loss_text(None, 0, 41) == "loss pending"  # just after a resume, nothing read back yet

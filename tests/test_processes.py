@@ -104,3 +104,23 @@ def test_stale_run_directories_are_cleaned(tmp_path):
 
         shutil.rmtree(live, ignore_errors=True)
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def test_the_fast_exit_waits_for_a_thread_still_writing(tmp_path):
+    """exit_now skips the interpreter's teardown but not what its exit would wait for: a non-daemon thread (a
+    tracker's upload) finishes and atexit handlers run, in that order."""
+    out = tmp_path / "out.txt"
+    code = f"""
+import atexit, threading, time
+from pathlib import Path
+from tunebench.launch.processes import exit_now
+out = Path({str(out)!r})
+def write():
+    time.sleep(0.5)
+    out.write_text("thread")
+threading.Thread(target=write).start()
+atexit.register(lambda: out.write_text(out.read_text() + ", atexit"))
+exit_now(3)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3 and out.read_text() == "thread, atexit", p.stderr

@@ -55,7 +55,8 @@ class Hooks(Protocol):
 
     def run(self, done: int, result: LoopResult, stop: bool) -> bool: ...  # True ends the loop
 
-    def log(self, done: int, result: LoopResult, timed_s: float, timed_steps: int) -> None: ...
+    # `loss_step`: the step whose loss is result.losses[-1] (0: none read yet); on GPUs it trails `done` by LAG
+    def log(self, done: int, result: LoopResult, timed_s: float, timed_steps: int, loss_step: int) -> None: ...
 
 
 def inject_fault(kind: str, step: int) -> None:
@@ -156,10 +157,13 @@ def _between_steps(hooks: Hooks, done: int, reader: _Reader, timer: StepTimer, r
     """The hooks after `done` steps; True ends the loop. Their time is kept out of the step times."""
     # the timed steps the device has finished, not those queued: the host runs up to LAG steps ahead, which early
     # in the timed region overstated the rate (an H200 job logged 726,670 tokens/s and "MFU 58.6%" 6 steps in)
-    hooks.log(done, result, timer.elapsed(), max(0, reader.read_upto + 1 - (spec.start + spec.warmup)))
-    if not (hooks.due(done) or reader.stop or done == spec.steps):
+    due = hooks.due(done) or reader.stop or done == spec.steps
+    finite = reader.read(done) if due else True  # every loss up to here, before an evaluation or a checkpoint
+    hooks.log(done, result, timer.elapsed(), max(0, reader.read_upto + 1 - (spec.start + spec.warmup)),
+              reader.read_upto + 1)
+    if not due:
         return False
-    if not reader.read(done):  # every loss up to here, before an evaluation or a checkpoint
+    if not finite:
         return True
     timer.pause()
     result.stopped = reader.stop

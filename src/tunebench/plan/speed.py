@@ -6,13 +6,15 @@
                over an odd vocabulary 8x slower
                (float8: the blocks' GEMMs 1.45x faster tensorwise, 1.3x rowwise, casts included; a frozen base's
                1.43x; measured)
-  attention    causal flash attention, forward + backward (2.5x), at 45% of the dense peak
-  elementwise  memory-bound kernels: 8.6-10.5 bytes moved per byte an op keeps for backward, 5.8-6.5 compiled
+  attention    causal flash attention, forward + backward (2.5x), at a share of the dense peak that grows with
+               the sequence (10% at 512 tokens, 32% at 2048, 48% at 4096; profiled)
+  elementwise  memory-bound kernels: 8.6-8.8 bytes moved per byte an op keeps for backward, 5.1-5.2 compiled
                (measured per architecture on an H200), the loss's fp32 logits, QLoRA's dequantization
-  optimizer    bytes moved per trained parameter (AdamW with clipping, measured: ~118 foreach, ~77 fused);
+  optimizer    bytes moved per trained parameter (fused AdamW with clipping, profiled: 45 unsharded, 95 FSDP2);
                offload=optimizer: DeepSpeed's CPU Adam on the host's cores shared by the node's GPUs, and the
                gradients' and weights' copies over PCIe, after backward
-  host         Python per block and micro-batch (hooks of FSDP2 and ZeRO-3, peft's calls when not compiled):
+  host         Python per block and micro-batch (each compiled block's call, hooks of FSDP2 and ZeRO-3, peft's
+               calls when not compiled; one call per micro-batch for the whole model compiled as one graph):
                the step takes the longer of the GPU's work and the host's, and a little of the shorter
                (launch gaps)
   network      the strategy's collectives at the measured bus bandwidth, the part not hidden behind compute,
@@ -28,7 +30,11 @@ from tunebench.plan.activations import activations
 from tunebench.plan.hardware import Hardware
 from tunebench.plan.workload import Workload
 
-ATTENTION_OF_PEAK = 0.45
+# Causal attention's share of the dense peak grows with the sequence; cuDNN's and flash's kernels, profiled on Hopper:
+# 11% at s512 (Mistral-7B, 8.5 ms a step), 31-36% at s2048 (Llama-3.2-1B; GPT-2 small without dropout), 43% at
+# s4096 (Llama-3-8B). ATTENTION_OF_PEAK * s / (s + ATTENTION_HALF_SEQ) gives 10%, 32% and 48%.
+ATTENTION_OF_PEAK = 0.95
+ATTENTION_HALF_SEQ = 4096
 # Narrow models' GEMMs reach 0.93 / (1 + (NARROW_HIDDEN / hidden)^5) of the ceiling: 90% at GPT-2's 768 (profiled
 # on an H200 with the padded head: its blocks' and head's GEMMs 16.7-17.2 ms a step, 12.2 TFLOP at ~0.9 of 807
 # TFLOP/s), 93% from 2048 up
@@ -48,12 +54,23 @@ FLOAT8_GEMM_SPEEDUP = {"off": 1.0, "tensorwise": 1.45, "rowwise": 1.3}
 # a frozen LoRA/QLoRA base in float8 (models.float8_frozen): its two products a layer, casts included, on Mistral-7B's
 # shapes at 4,096 tokens (benchmarks/kernels_vs.py --ops base_fp8 on an H200: 3.60 against 5.13 ms)
 FLOAT8_FROZEN_SPEEDUP = 1.43
-ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 6.5, ("llama", False): 10.5,
-                               ("llama", True): 5.8}  # (architecture, compiled)
-LOSS_BYTES_PER_LOGIT = 30
+# (compiled and Llama's refitted on every GPU record once attention, the optimizer and the loss were set from profiles, 2026-11-23)
+ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 5.2, ("llama", False): 8.8,
+                               ("llama", True): 5.1}  # (architecture, compiled)
+# the fused loss's compiled softmax over a chunk's logits (engine.loss), per logit: profiled on an H100, GPT-2 small
+# s2048 b8 (824M padded logits, 2.46 ms) and Llama-3.2-1B s2048 b2 (525M, 1.47 ms), 9 bytes at the copy bandwidth
+# (30 with the eager softmax before it was compiled)
+LOSS_BYTES_PER_LOGIT = 9
 # bytes moved per trainable parameter by the optimizer's step (clipping included); fused AdamW's one kernel fitted on
 # Llama-3.2-1B full on one H200, 8% faster a step than foreach's in the same job (benchmarks/RESULTS.md)
 OPTIMIZER_BYTES = {"adamw": 118, "adamw_fused": 77, "adamw_8bit": 50, "paged_adamw_8bit": 50}
+# Torch's AdamW by strategy, its kernels profiled (foreach keeps the 41 bytes more than fused it was fitted with):
+# unsharded (single, DDP) on an H100, 18.4 ms a step for Llama-3.2-1B's 1.24B parameters and 1.9 ms for GPT-2
+# small's 124M, clipping included: 45 bytes each; FSDP2's DTensor shards on 4 H200s, Llama-3-8B: 45 ms a step for
+# 2.0B parameters a GPU, 95 bytes. DeepSpeed's keep OPTIMIZER_BYTES.
+OPTIMIZER_BYTES_BY_STRATEGY = {"single": OPTIMIZER_BYTES | {"adamw": 86, "adamw_fused": 45},
+                               "ddp": OPTIMIZER_BYTES | {"adamw": 86, "adamw_fused": 45},
+                               "fsdp": OPTIMIZER_BYTES | {"adamw": 136, "adamw_fused": 95}}
 # Host seconds per block per micro-batch, and per adapted linear per pass (measured on the H200 host)
 HOST_PER_BLOCK = {"single": 0.8e-3, "ddp": 0.8e-3, "fsdp": 2.7e-3, "zero2": 0.8e-3, "zero3": 6.2e-3}
 HOST_PER_ADAPTER = 0.5e-3
@@ -61,9 +78,18 @@ HOST_PER_ADAPTER = 0.5e-3
 # Llama-3-8B QLoRA on 2 H200s and Llama-3-70B LoRA on 4: both ~72 ms per block per micro-batch, host-bound)
 HOST_PER_ADAPTER_ZERO3 = 2.6e-3
 DEEPSPEED_PER_MICRO_S = 8e-3  # DeepSpeed's engine bookkeeping per micro-batch (backward hooks, step calls)
+# Blocks compiled apart (single, DDP, ZeRO-2): each block's compiled call, its guards and its kernels' launches, per
+# block and micro-batch. Short micro-batches of GPT-2 small are host-bound so (s512 b16: GPU 65% busy on an H200,
+# 60% on an H100); fitted on every GPU record with the constants below (benchmarks/RESULTS.md, 2026-11-23 eighth).
+HOST_PER_COMPILED_BLOCK = 2.5e-3
+# The whole model compiled as one graph (compile_scope model): one call per micro-batch, no Python between blocks
+# (the same short GPT-2 steps: 1.44x per block's speed on an H200, 1.37x on an H100; 1.00-1.06x where the GPU is
+# the bound). Not fitted: the records are GPU-bound at any value from 1.6 to 15 ms.
+WHOLE_GRAPH_HOST_S = 5e-3
 # Of the shorter of GPU and host time, what still shows (launch gaps); ZeRO-3 waits for each gathered weight.
 LAUNCH_GAPS = {"zero3": 0.45}
 LAUNCH_GAPS_DEFAULT = 0.1
+LAUNCH_GAPS_COMPILED = 0.05
 # Latency of the per-block collectives of sharded strategies, per block and micro-batch, on more than one GPU
 COLLECTIVE_LATENCY_PER_BLOCK = {"fsdp": 0.5e-3, "zero3": 0.3e-3}
 # offload=optimizer: host seconds per trained parameter of CPU Adam with all of a node's cores, and the
@@ -129,22 +155,28 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
         moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
     # bf16-pure: AdamW's parameters, gradients and states are half as many bytes (not measured yet: scaled)
     half = w.pure and cfg.optimizer in ("adamw", "adamw_fused")
-    optimizer = OPTIMIZER_BYTES[cfg.optimizer] * (0.5 if half else 1.0) * w.trainable / w.sharded / hw.bandwidth
+    per_param = OPTIMIZER_BYTES_BY_STRATEGY.get(w.strategy.name, OPTIMIZER_BYTES)[cfg.optimizer]
+    optimizer = per_param * (0.5 if half else 1.0) * w.trainable / w.sharded / hw.bandwidth
     if w.offloaded:  # on the host: the node's cores shared by its GPUs' processes, and the copies over PCIe
         local = w.trainable / w.sharded
         per_node = w.world // max(1, cfg.nnodes)
         optimizer = local * (HOST_ADAM_S_PER_PARAM * per_node + OFFLOAD_BYTES_PER_PARAM / PCIE_BYTES_PER_S)
-    return {"matmul": gemm, "attention": attention / (ATTENTION_OF_PEAK * hw.gpu.peak_flops),
+    attention_share = ATTENTION_OF_PEAK * cfg.seq_len / (cfg.seq_len + ATTENTION_HALF_SEQ)
+    return {"matmul": gemm, "attention": attention / (attention_share * hw.gpu.peak_flops),
             "elementwise": moved / hw.bandwidth, "optimizer": optimizer}
 
 
 def _host(w: Workload) -> float:
+    if w.whole_graph:
+        return w.cfg.grad_accum * WHOLE_GRAPH_HOST_S
     # a block keeping its matmuls, or recomputed in its compiled backward's graph, makes no extra calls
     passes = 2 + w.recomputed_share - w.traced_share
     # compiled blocks trace peft's per-adapter Python into their graph: no host calls per adapter left
     eager = 0.0 if w.cfg.compile is True else HOST_PER_ADAPTER
     per_adapter = eager + (HOST_PER_ADAPTER_ZERO3 if w.strategy.name == "zero3" else 0.0)
-    per_block = HOST_PER_BLOCK[w.strategy.name] + len(w.targets) * per_adapter * passes
+    compiled_apart = w.cfg.compile is True and w.strategy.name in ("single", "ddp", "zero2")
+    per_block = HOST_PER_COMPILED_BLOCK if compiled_apart else HOST_PER_BLOCK[w.strategy.name]
+    per_block += len(w.targets) * per_adapter * passes
     return w.cfg.grad_accum * w.layers * per_block
 
 
@@ -180,7 +212,8 @@ def step_time(w: Workload, hw: Hardware) -> StepTime:
     compute, host = sum(gpu.values()), _host(w)
     network = _network(w, hw, compute)
     # host-bound: the GPU idles between launches; GPU-bound: part of the host's work still shows
-    busy = host if host > compute else compute + LAUNCH_GAPS.get(w.strategy.name, LAUNCH_GAPS_DEFAULT) * host
+    gaps = LAUNCH_GAPS.get(w.strategy.name, LAUNCH_GAPS_COMPILED if w.cfg.compile is True else LAUNCH_GAPS_DEFAULT)
+    busy = host if host > compute else compute + gaps * host
     busy += DEEPSPEED_PER_MICRO_S * w.cfg.grad_accum if w.deepspeed else 0.0
     parts = gpu | {"host": host, "network (exposed)": network}
     offloaded = gpu["optimizer"] if w.offloaded else 0.0  # the host's CPU Adam and PCIe copies, in the step

@@ -36,9 +36,9 @@ def summary_table(p: Prediction) -> Table:
     tab.add("hardware figures", p.hw.source)
     whole = STRATEGIES[p.cfg.strategy].compile_scope(p.cfg) == "model"
     if whole:
-        tab.add("note", "the whole model compiled as one graph is predicted as per-block compile: not modelled "
-                        "yet (measured on an H200: GPT-2 small whole 390,002 tokens/s at 8.51 GiB, per block "
-                        "340,163-367,523 at 7.83 GiB in other jobs; heavier under checkpointing)")
+        tab.add("note", "the whole model compiled as one graph: its speed is modelled (one call per micro-batch, no "
+                        "host time between blocks), its memory is per-block compile's (measured against it: GPT-2 "
+                        "small 0.42-0.68 GiB more, Llama-3.2-1B the same)")
     if p.cfg.float8 != "off":
         tab.add("note", f"float8={p.cfg.float8}: memory is predicted as bf16's (measured 4-14% below it without "
                         "checkpointing, where float8 keeps smaller activations); speed from float8 runs on H200")

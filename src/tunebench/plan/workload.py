@@ -87,6 +87,11 @@ class Workload:
         return self.recomputed_share if self.recompute_traced else 0.0
 
     @property
+    def whole_graph(self) -> bool:
+        """The model and its loss compiled as one graph (compile_scope model, or auto where it means that)."""
+        return self.strategy.compile_scope(self.cfg) == "model"
+
+    @property
     def fusable_4bit(self) -> bool:
         """QLoRA's 4-bit linears can be plain ops in a compiled block (models.nf4: uint8 weights, i.e. not under
         FSDP2 or DeepSpeed, which store them in another dtype)."""

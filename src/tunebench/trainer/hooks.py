@@ -69,6 +69,14 @@ def evaluate(module, prepared, cfg, device: torch.device, ctx: DistContext) -> f
     return float(total[0] / total[1].clamp(min=1))
 
 
+def loss_text(loss: float | None, loss_step: int, done: int) -> str:
+    """A GPU's losses are read back a few steps late (the loop keeps the device fed): a loss from an earlier step
+    says which one, and none read yet since the process started (just after a resume) says so."""
+    if loss is None:
+        return "loss pending"
+    return f"loss {loss:.4f}" if loss_step == done else f"loss {loss:.4f} (step {loss_step})"
+
+
 @dataclass
 class JobState:
     """What a checkpoint keeps beside the weights, and what the record reports."""
@@ -102,24 +110,26 @@ class TrainHooks:
         c = self.cfg
         return bool((c.eval_every and done % c.eval_every == 0) or (c.save_every and done % c.save_every == 0))
 
-    def log(self, done: int, result: LoopResult, timed_s: float, timed_steps: int) -> None:
+    def log(self, done: int, result: LoopResult, timed_s: float, timed_steps: int, loss_step: int) -> None:
         if not self.ctx.is_main or (done % self.cfg.log_every and done != self.total):
             return
         tps = timed_steps * self.tokens_per_step / timed_s if timed_s > 0 and timed_steps else None
         mfu = self.flops_per_token * tps / self.ctx.world_size / self.peak if tps and self.peak and \
             self.flops_per_token else None
         eta = (self.total - done) * timed_s / timed_steps if timed_steps else None
-        loss = result.losses[-1] if result.losses else None
+        loss = result.losses[-1] if result.losses and loss_step else None
         mem = torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() and \
             torch.cuda.is_initialized() else None
-        parts = [f"step {done}/{self.total}", "loss -" if loss is None else f"loss {loss:.4f}",
+        parts = [f"step {done}/{self.total}", loss_text(loss, loss_step, done),
                  f"lr {self.sched.get_last_lr()[0]:.3g}", "" if tps is None else f"{tps:,.0f} tokens/s",
                  "" if mfu is None else f"MFU {mfu:.1%}", "" if mem is None else f"peak {mem:.2f} GiB",
                  "" if eta is None else f"ETA {eta / 60:.1f} min"]
         say("train: " + ", ".join(p for p in parts if p))
         if self.trackers:
-            self.trackers.log({"train/loss": loss, "train/lr": self.sched.get_last_lr()[0],
-                               "train/tokens_per_s": tps, "train/mfu": mfu}, done)
+            if loss is not None:  # at the step it belongs to, so the curve is not shifted by the read-back lag
+                self.trackers.log({"train/loss": loss}, loss_step)
+            self.trackers.log({"train/lr": self.sched.get_last_lr()[0], "train/tokens_per_s": tps, "train/mfu": mfu},
+                              done)
 
     def run(self, done: int, result: LoopResult, stop: bool) -> bool:
         c, last = self.cfg, done == self.total
