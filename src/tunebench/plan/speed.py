@@ -54,7 +54,8 @@ FLOAT8_GEMM_SPEEDUP = {"off": 1.0, "tensorwise": 1.45, "rowwise": 1.3}
 # a frozen LoRA/QLoRA base in float8 (models.float8_frozen): its two products a layer, casts included, on Mistral-7B's
 # shapes at 4,096 tokens (benchmarks/kernels_vs.py --ops base_fp8 on an H200: 3.60 against 5.13 ms)
 FLOAT8_FROZEN_SPEEDUP = 1.43
-# (compiled and Llama's refitted on every GPU record once attention, the optimizer and the loss were set from profiles, 2026-11-23)
+# (compiled and Llama's refitted on every GPU record once attention, the optimizer and the loss were set from
+# profiles, 2026-11-23)
 ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 5.2, ("llama", False): 8.8,
                                ("llama", True): 5.1}  # (architecture, compiled)
 # the fused loss's compiled softmax over a chunk's logits (engine.loss), per logit: profiled on an H100, GPT-2 small
