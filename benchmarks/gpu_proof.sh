@@ -81,6 +81,8 @@
 #   bash benchmarks/gpu_proof.sh scopefit  # compile per block and whole model, same job, each shape of SHAPES (records
 #                                          #   the planner's whole-model constants are fitted on); LOGLINE=1 first runs
 #                                          #   a train job stopped and resumed, its log lines as the GPU's lag shows them
+#   bash benchmarks/gpu_proof.sh host1     # tunebench hw's host dispatch (3 times), then GPT-2 small s512 b16 per block
+#                                          #   and whole (host-bound per block): the planner's host scale checked
 #   bash benchmarks/gpu_proof.sh scopeprof # GPU time by kind of kernel, per block and whole model, each shape of SHAPES
 #   bash benchmarks/gpu_proof.sh launch1   # every strategy under torchrun on GPU 0 (the parent without the engine, the
 #                                          #   ranks' fast exit), each command's wall time; a train job under FSDP2
@@ -659,6 +661,11 @@ scopefit)
       tb results export --format jsonl -o "$OUT/results.jsonl" > /dev/null  # what has run, if the call is cut
     done
   done <<< "$SHAPES"
+  ;;
+host1)
+  export CUDA_VISIBLE_DEVICES=0
+  for i in 1 2 3; do tb hw --sections host --tag gpu-proof-host 2>&1 | grep "host dispatch"; done
+  SHAPES=${SHAPES:-"--model tinygpt-124m --seq-len 512 --batch-size 16"} bash "$0" scopefit
   ;;
 scopeprof)
   export CUDA_VISIBLE_DEVICES=0

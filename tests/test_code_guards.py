@@ -151,9 +151,10 @@ def test_repository_stands_alone():
 def test_config_hashes_are_stable():
     """Stored sweeps are resumed by config hash: the identity of a configuration must not drift.
 
-    Two deliberate changes: compile's default became `auto` (on for GPU training), and the optimizer's became
-    `adamw_fused` (was `adamw`, the foreach AdamW): a configuration that leaves either unset is a new workload and
-    has a new hash; one that says compile=false and optimizer=adamw keeps the old one."""
+    Three deliberate changes: compile's default became `auto` (on for GPU training), the optimizer's became
+    `adamw_fused` (was `adamw`, the foreach AdamW), and `hw` measures the host first: a configuration that leaves
+    one unset is a new workload and has a new hash; one that says compile=false and optimizer=adamw, or hw's old
+    sections, keeps the old one."""
     from tunebench.config import HwConfig, InferConfig, RunConfig
 
     assert RunConfig(precision="bf16", compile=False, optimizer="adamw").config_hash() == "57b72d7b11341487"
@@ -161,5 +162,6 @@ def test_config_hashes_are_stable():
                      precision="bf16", compile=False, optimizer="adamw").config_hash() == "1a582c79576e3ced"
     assert RunConfig(precision="bf16", optimizer="adamw").config_hash() == "2e32bee2d45c4b14"
     assert RunConfig(precision="bf16", compile=False).config_hash() == "9cacefda60f4e0d2"  # fused AdamW
-    assert HwConfig().config_hash() == "c3ea5bbf8701507f"
+    assert HwConfig(sections=["matmul", "bandwidth", "collectives"]).config_hash() == "c3ea5bbf8701507f"
+    assert HwConfig().config_hash() == "d4db69ff2dd1a552"  # with the host section
     assert InferConfig().record_config(precision="bf16", batch_size=1)[1] == "fc311c3578eb796f"

@@ -55,7 +55,8 @@ def test_hw_quick_on_cpu(tb, store):
     (rec,) = json.loads(out)
     m = rec["metrics"]
     assert rec["kind"] == "hw" and rec["status"] == "ok" and rec["error"] is None
-    assert m["sections"] == {"matmul": "ok", "bandwidth": "ok", "collectives": "ok"}
+    assert m["sections"] == {"host": "ok", "matmul": "ok", "bandwidth": "ok", "collectives": "ok"}
+    assert m["host_dispatch_us"] == m["host_dispatch"]["us"] >= m["host_dispatch"]["best_us"] > 0
     assert [r["dtype"] for r in m["matmul"]] == ["fp32", "bf16"] and m["mamf_tflops"] > 0
     assert m["mamf_tflops"] == max(r["best_mean_tflops"] for r in m["matmul"])
     assert m["copy_gbps"] > 0 and m["transfers"] == []  # no host<->device on a CPU

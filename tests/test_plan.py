@@ -115,9 +115,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
     assert within_mem >= 0.9 * len(mem_err)
-    # the host's constants are the H200 machine's: GPT-2 small compiled per block at s512 b16, host-bound, ran 1.3x
-    # slower on the H100 machine's host than on the H200's (predicted +29% there, -0.7% on the H200)
-    assert max(tps_err) <= 0.30, "a throughput prediction is off by more than 30%"
+    assert max(tps_err) <= 0.25, "a throughput prediction is off by more than 25%"
     assert within_tps >= 0.9 * len(tps_err)
 
 
@@ -398,3 +396,19 @@ def test_a_job_matches_only_benchmarks_of_its_compile_scope():
     key = workload_key(RunConfig, scope_made(job.model_copy(update={"precision": "bf16"})).model_dump())
     assert workload_key(RunConfig, stored("model")) == key
     assert workload_key(RunConfig, stored("blocks")) != key
+
+
+def test_a_slower_host_slows_a_host_bound_step_only():
+    """hw.host's dispatch time scales the host's constants (measured on the H200 machine whose figure is the
+    reference): the median of the store's figures for the GPU, since one host's varies ~10% from run to run."""
+    from tunebench.plan.hardware import REFERENCE_HOST_DISPATCH_US, hardware
+
+    gpu = match("H200")
+    slow = [(f"r{i}", {"host_dispatch_us": us * REFERENCE_HOST_DISPATCH_US}) for i, us in enumerate((2.2, 1.9, 2.0))]
+    assert hardware(gpu).host_scale == 1.0 and hardware(gpu, slow).host_scale == pytest.approx(2.0)
+    short = RunConfig(model="tinygpt-124m", seq_len=512, batch_size=4, compile=True, compile_scope="blocks")
+    long = RunConfig(model="llama-3.2-1b", seq_len=4096, batch_size=4, compile=True)
+    here, there = predict(short, gpu, 1), predict(short, gpu, 1, slow)
+    assert here.time.bound == "host" and there.tokens_per_s == pytest.approx(here.tokens_per_s / 2, rel=1e-6)
+    here, there = predict(long, gpu, 1), predict(long, gpu, 1, slow)  # GPU-bound: only the launch gaps grow
+    assert here.time.bound == "GPU" and 0.97 < there.tokens_per_s / here.tokens_per_s < 1.0

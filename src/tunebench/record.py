@@ -179,6 +179,8 @@ class HwMetrics(BaseModel):
     mamf_shape: list[int] | None = None  # m, n, k
     mamf_fraction_of_peak: float | None = None  # of the dense bf16 peak in metrics/flops.py, where known
     matmul: list[dict[str, Any]] = Field(default_factory=list)  # per dtype: best figures and every shape
+    host_dispatch_us: float | None = None  # one thread launching a tiny model's forward + backward (hw.host)
+    host_dispatch: dict[str, Any] | None = None  # its shape, iterations, best
     copy_gbps: float | None = None  # device memory copy, (read + write bytes) / time, median
     device_copy: dict[str, Any] | None = None  # its bytes, iterations, best and mean
     transfers: list[dict[str, Any]] = Field(default_factory=list)  # host<->device, pinned and pageable

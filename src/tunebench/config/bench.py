@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tunebench.config.base import LAUNCH, MEASUREMENT, config_hash, identity, listify, parse_bytes
 
 BenchPrecision = Literal["bf16", "fp16", "int8", "nf4", "fp4"]
-HwSection = Literal["matmul", "bandwidth", "collectives"]
+HwSection = Literal["host", "matmul", "bandwidth", "collectives"]
 
 
 class _BenchConfig(BaseModel):
@@ -41,8 +41,8 @@ class HwConfig(_BenchConfig):
     """`tunebench hw`: matmul (MAMF), memory bandwidths, collectives."""
 
     quick: bool = Field(False, description="the one-minute version: fewer shapes, sizes and iterations")
-    sections: list[HwSection] = Field(default_factory=lambda: ["matmul", "bandwidth", "collectives"],
-                                      description="what to measure, comma-separated: matmul, bandwidth, "
+    sections: list[HwSection] = Field(default_factory=lambda: ["host", "matmul", "bandwidth", "collectives"],
+                                      description="what to measure, comma-separated: host, matmul, bandwidth, "
                                                   "collectives (default all)")
     dtypes: list[Literal["bf16", "fp16", "tf32", "fp8", "fp32"]] | None = Field(
         None, description="matmul dtypes, comma-separated (default: bf16, fp16, tf32 and fp8 where the GPU has "

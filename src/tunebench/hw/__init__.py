@@ -1,8 +1,8 @@
 """`tunebench hw`: what the machine can do, measured, so that training figures have a bar to meet.
 
-matmul (MAMF per dtype) -> bandwidth (device copy, host <-> device) -> collectives (across local
-GPUs, or CPU processes with gloo). Each section that fails is named in the record with its error;
-the others keep their figures. GPU telemetry is sampled over the whole command.
+host (one thread's kernel launches) -> matmul (MAMF per dtype) -> bandwidth (device copy, host <-> device) ->
+collectives (across local GPUs, or CPU processes with gloo). Each section that fails is named in the record with its
+error; the others keep their figures. GPU telemetry is sampled over the whole command.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tunebench.config import HwConfig
 from tunebench.console import say
 from tunebench.environment import environment
 from tunebench.errors import invalid
-from tunebench.hw import bandwidth, collectives, matmul
+from tunebench.hw import bandwidth, collectives, host, matmul
 from tunebench.metrics import telemetry
 from tunebench.metrics.flops import peak_flops
 from tunebench.preflight import Plan, resolve_device
@@ -44,7 +44,7 @@ def run_hw(cfg: HwConfig, log: Log = say) -> ResultRecord:
     for section in cfg.sections:
         log(f"hw: {section} on {m.device_name}")
         try:
-            m.sections[section] = {"matmul": _matmul, "bandwidth": _bandwidth,
+            m.sections[section] = {"host": _host, "matmul": _matmul, "bandwidth": _bandwidth,
                                    "collectives": _collectives}[section](cfg, device, m, log)
         except Exception as err:  # a section that fails is a result; the others still count
             m.sections[section] = f"failed: {type(err).__name__}: {str(err).strip()[-2000:]}"
@@ -56,6 +56,14 @@ def run_hw(cfg: HwConfig, log: Log = say) -> ResultRecord:
     failed = {s: v for s, v in m.sections.items() if v.startswith("failed")}
     return ResultRecord.for_config(cfg, env, kind="hw", status="failed" if failed else "ok",
                                    error="\n".join(f"{s}: {v}" for s, v in failed.items()) or None, metrics=m)
+
+
+def _host(cfg: HwConfig, device: torch.device, m: HwMetrics, log: Log) -> str:
+    iters = cfg.iters or (20 if cfg.quick else 100)
+    m.host_dispatch = host.dispatch(device, iters, warmup=10)
+    m.host_dispatch_us = m.host_dispatch["us"]
+    log(f"hw: host dispatch {m.host_dispatch_us:,.0f} us per forward + backward of {host.LAYERS} small layers")
+    return "ok"
 
 
 def _matmul(cfg: HwConfig, device: torch.device, m: HwMetrics, log: Log) -> str:

@@ -3,11 +3,13 @@
 Without a measured record the matmul ceiling is 80% of the dense peak (MAMF measured 80.5-81% on H200),
 memory bandwidth 81% of the spec (device copy measured 3878 of 4800 GB/s on the 4-GPU H200 host whose
 figures calibrated plan.speed; 4236 on a 1-GPU host) and a collective's bus bandwidth 78% of the GPU's
-link (all-reduce measured 353 of 450 GB/s on 4 H200).
+link (all-reduce measured 353 of 450 GB/s on 4 H200). The host's constants in plan.speed are the H200
+machine's; a measured host dispatch time (hw.host) scales them to this machine's host.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from tunebench.gpus import Gpu
@@ -16,6 +18,8 @@ MAMF_OF_PEAK = 0.80
 COPY_OF_SPEC = 0.81
 BUSBW_OF_LINK = 0.78
 INTER_NODE_GBPS = 25.0  # per GPU across nodes (200 Gb/s NICs) when nothing was measured
+# hw.host's figure on the H200 machine whose runs fitted plan.speed's host constants (benchmarks/RESULTS.md)
+REFERENCE_HOST_DISPATCH_US = 1648.0
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class Hardware:
     bandwidth: float  # device memory bytes/s (copy, read + write)
     busbw: dict[str, float] = field(default_factory=dict)  # collective -> bus bandwidth, bytes/s, within a node
     source: str = "spec sheet"
+    host_scale: float = 1.0  # this host's launch time against the one plan.speed's host constants were measured on
 
     def collective(self, op: str, nnodes: int = 1) -> float:
         if nnodes > 1:
@@ -33,8 +38,10 @@ class Hardware:
 
 
 def hardware(gpu: Gpu, measured: list[tuple[str, dict]] = ()) -> Hardware:
-    """The GPU's figures, each replaced by the newest measurement that has it: (record id, hw metrics) pairs."""
+    """The GPU's figures, each replaced by the newest measurement that has it (the host's: the median of all),
+    from (record id, hw metrics) pairs."""
     mamf = bandwidth = None
+    hosts: list[float] = []
     busbw: dict[str, float] = {}
     used = []
     for rec_id, m in measured:
@@ -42,6 +49,8 @@ def hardware(gpu: Gpu, measured: list[tuple[str, dict]] = ()) -> Hardware:
             mamf, used = m["mamf_tflops"] * 1e12, used + [rec_id]
         if bandwidth is None and m.get("copy_gbps"):
             bandwidth, used = m["copy_gbps"] * 1e9, used + [rec_id]
+        if m.get("host_dispatch_us"):  # every one: a host's figure varies 10% from run to run
+            hosts, used = hosts + [m["host_dispatch_us"]], used + [rec_id]
         for op, gbps in (m.get("busbw_peak_gbps") or {}).items():
             if op not in busbw:
                 busbw[op] = gbps * 1e9
@@ -49,5 +58,6 @@ def hardware(gpu: Gpu, measured: list[tuple[str, dict]] = ()) -> Hardware:
     source = ("measured: hw " + ", ".join(dict.fromkeys(used)) + (" (the rest from the spec sheet)" if
                                                                    None in (mamf, bandwidth) or not busbw else "")
               if used else "spec sheet")
+    host_scale = min(4.0, max(0.25, statistics.median(hosts) / REFERENCE_HOST_DISPATCH_US)) if hosts else 1.0
     return Hardware(gpu, mamf or MAMF_OF_PEAK * gpu.peak_flops, bandwidth or COPY_OF_SPEC * gpu.hbm_gbps * 1e9,
-                    busbw, source)
+                    busbw, source, host_scale)

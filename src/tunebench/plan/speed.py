@@ -19,7 +19,8 @@
                (launch gaps)
   network      the strategy's collectives at the measured bus bandwidth, the part not hidden behind compute,
                and the latency of the per-block collectives of sharded strategies
-Constants were measured on an H200 host (benchmarks/data); elsewhere they scale with the GPU's figures.
+Constants were measured on an H200 host (benchmarks/data); elsewhere they scale with the GPU's figures, and the
+host's with the host's kernel-launch time (hw.host; plan.hardware).
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ def _network(w: Workload, hw: Hardware, compute: float) -> float:
 
 def step_time(w: Workload, hw: Hardware) -> StepTime:
     gpu = _gpu_work(w, hw)
-    compute, host = sum(gpu.values()), _host(w)
+    compute, host = sum(gpu.values()), _host(w) * hw.host_scale
     network = _network(w, hw, compute)
     # host-bound: the GPU idles between launches; GPU-bound: part of the host's work still shows
     gaps = LAUNCH_GAPS.get(w.strategy.name, LAUNCH_GAPS_COMPILED if w.cfg.compile is True else LAUNCH_GAPS_DEFAULT)

@@ -27,6 +27,12 @@ def hw_tables(rec: ResultRecord) -> list[Table]:
                          [[r["dtype"], _tf(r["best_mean_tflops"]), _tf(r["best_median_tflops"]),
                            _tf(r["best_max_tflops"]), "x".join(map(str, r["best_shape"])), _tf(r["geomean_tflops"]),
                            str(r["shapes_tried"])] for r in m.matmul], title))
+    if m.host_dispatch_us is not None:
+        d = m.host_dispatch or {}
+        out.append(Table(["measurement", "us (median)", "us (best)"],
+                         [[f"forward + backward of {d.get('layers')} layers of {d.get('width')}",
+                           fmt(m.host_dispatch_us), fmt(d.get("best_us"))]],
+                         f"host dispatch on {where} (one thread launching kernels)"))
     if m.copy_gbps is not None:
         rows = [["device copy (read + write)", fmt(m.device_copy["bytes"], ",.0f"), fmt(m.copy_gbps),
                  fmt(m.device_copy["best_gbps"])]]
