@@ -83,6 +83,8 @@
 #                                          #   a train job stopped and resumed, its log lines as the GPU's lag shows them
 #   bash benchmarks/gpu_proof.sh host1     # tunebench hw's host dispatch (3 times), then GPT-2 small s512 b16 per block
 #                                          #   and whole (host-bound per block): the planner's host scale checked
+#   bash benchmarks/gpu_proof.sh runs      # each line of RUNS as one `tunebench run` (20 steps after 8, tag TAG): the
+#                                          #   planner's out-of-sample check (its figures against tests/test_plan.py's)
 #   bash benchmarks/gpu_proof.sh scopeprof # GPU time by kind of kernel, per block and whole model, each shape of SHAPES
 #   bash benchmarks/gpu_proof.sh launch1   # every strategy under torchrun on GPU 0 (the parent without the engine, the
 #                                          #   ranks' fast exit), each command's wall time; a train job under FSDP2
@@ -666,6 +668,15 @@ host1)
   export CUDA_VISIBLE_DEVICES=0
   for i in 1 2 3; do tb hw --sections host --tag gpu-proof-host 2>&1 | grep "host dispatch"; done
   SHAPES=${SHAPES:-"--model tinygpt-124m --seq-len 512 --batch-size 16"} bash "$0" scopefit
+  ;;
+runs)
+  export CUDA_VISIBLE_DEVICES=0
+  while IFS= read -r args; do
+    [ -n "$args" ] || continue
+    timeout 300 python3 -m tunebench.cli run $args --steps 20 --warmup 8 --tag "${TAG:-runs}" > "$OUT/run.log" 2>&1
+    echo "$args: exit $?; $(grep "tokens/s\|peak" "$OUT/run.log" | grep -v "step [0-9]*/" | head -3 | tr -s ' ' | tr '\n' ' ')"
+    tb results export --format jsonl -o "$OUT/results.jsonl" > /dev/null  # what has run, if the call is cut
+  done <<< "$RUNS"
   ;;
 scopeprof)
   export CUDA_VISIBLE_DEVICES=0

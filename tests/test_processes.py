@@ -108,16 +108,19 @@ def test_stale_run_directories_are_cleaned(tmp_path):
 
 def test_the_fast_exit_waits_for_a_thread_still_writing(tmp_path):
     """exit_now skips the interpreter's teardown but not what its exit would wait for: a non-daemon thread (a
-    tracker's upload) finishes and atexit handlers run, in that order."""
+    tracker's upload) finishes and atexit handlers run, in that order; an executor's idle worker (torch.compile
+    keeps some) is stopped, not waited for forever."""
     out = tmp_path / "out.txt"
     code = f"""
 import atexit, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from tunebench.launch.processes import exit_now
 out = Path({str(out)!r})
 def write():
     time.sleep(0.5)
     out.write_text("thread")
+ThreadPoolExecutor(1).submit(lambda: 1).result()  # its worker stays, idle, until the executor is shut down
 threading.Thread(target=write).start()
 atexit.register(lambda: out.write_text(out.read_text() + ", atexit"))
 exit_now(3)

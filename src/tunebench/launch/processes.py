@@ -37,9 +37,10 @@ def exit_now(code: int) -> None:
     """End a run's process once its results are written: exit handlers run, streams flushed, then the
     interpreter's teardown skipped. With torch and transformers loaded that teardown (freeing every
     module) takes 0.3-0.9 s per process on 2 CPU cores, and every rank and run pays it."""
-    for thread in threading.enumerate():  # as the interpreter's own exit does: a non-daemon thread still writing
-        if thread is not threading.current_thread() and not thread.daemon:  # (a library's upload) finishes first
-            thread.join()
+    # first what the interpreter's own exit does first: the threading module's exit hooks (which stop executors'
+    # idle workers), then every non-daemon thread joined (a library's upload still writing finishes)
+    if threading.current_thread() is threading.main_thread():
+        threading._shutdown()
     atexit._run_exitfuncs()  # what libraries registered (trackers' flushes, compile worker pools) still runs
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
