@@ -87,17 +87,25 @@ def test_compile_auto_is_on_for_gpu_training(strategy, device, expected):
     assert RunConfig(strategy=strategy, compile=True).resolved(device).compile is True
 
 
-@pytest.mark.parametrize("batch,seq,expected", [(8, 2048, True), (4, 2048, True), (1, 2048, False), (2, 1024, False)])
-def test_compile_auto_leaves_small_micro_batches_eager(batch, seq, expected):
-    """A GPT-2 block (7.1 M parameters) at 2048 tokens ran slower compiled (host-bound): auto keeps it eager."""
+@pytest.mark.parametrize("strategy,ckpt,batch,seq,expected", [
+    ("zero2", False, 8, 2048, True), ("zero2", False, 4, 2048, True), ("zero2", False, 1, 2048, False),
+    ("ddp", True, 2, 1024, False),  # checkpointed: compiled per block
+    ("ddp", False, 1, 2048, True), ("single", False, 2, 1024, True), ("single", False, 8, 2048, True)])
+def test_compile_auto_leaves_small_micro_batches_eager_per_block(strategy, ckpt, batch, seq, expected):
+    """A GPT-2 block (7.1 M parameters) at 2048 tokens ran slower compiled per block (host-bound): auto keeps it
+    eager there. The whole model as one graph (a full fine-tune without checkpointing under single or ddp) pays
+    the host once a micro-batch and ran faster than eager at every size measured: auto compiles it."""
     from tunebench.models import resolve_model
     from tunebench.models.count import counts
+    from tunebench.strategies import compiles_whole_model
 
     per_block = counts(resolve_model("tinygpt-124m")).per_block
-    cfg = RunConfig(model="tinygpt-124m", strategy="ddp", batch_size=batch, seq_len=seq)
-    assert cfg.resolved("cuda", per_block).compile is expected
+    cfg = RunConfig(model="tinygpt-124m", strategy=strategy, batch_size=batch, seq_len=seq, grad_ckpt=ckpt)
+    whole = compiles_whole_model(cfg)  # what run_preflight and the planner pass
+    assert whole is (strategy in ("single", "ddp") and not ckpt)
+    assert cfg.resolved("cuda", per_block, whole).compile is expected
     assert cfg.model_copy(update={"compile": True}).resolved("cuda", per_block).compile is True  # as asked
-    assert predict(cfg, match("H200"), 2).cfg.compile is expected  # the planner predicts what will run
+    assert predict(cfg, match("H200"), 2 if strategy != "single" else 1).cfg.compile is expected  # as will run
 
 
 @pytest.mark.parametrize("flags,expected", [

@@ -18,7 +18,7 @@ from tunebench.models.float8 import refusal as float8_refusal
 from tunebench.models.float8_frozen import takes as float8_takes
 from tunebench.models.spec import resolve_model
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
-from tunebench.strategies import check_strategy
+from tunebench.strategies import check_strategy, compiles_whole_model
 from tunebench.units import GIB
 
 BIG_ON_CPU = 500_000_000  # parameters: above this a CPU run is announced and its build shows progress
@@ -29,7 +29,7 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     spec = resolve_model(cfg.model)
     requested, device = cfg, resolve_device(cfg.device, local_rank)
     n = counts(spec)
-    cfg = cfg.resolved(device.type, n.per_block if n else None)
+    cfg = cfg.resolved(device.type, n.per_block if n else None, compiles_whole_model(cfg))
     if spec.max_positions and cfg.seq_len > spec.max_positions:
         raise invalid("seq_len", cfg.seq_len, f"above the model's maximum of {spec.max_positions} positions")
     if device.type == "cpu" and cfg.precision == "fp16":

@@ -191,15 +191,16 @@ class RunConfig(BaseModel):
         """A LoRA/QLoRA base computing in float8 (models.float8_frozen), not torchao's full fine-tuning float8."""
         return self.float8 != "off" and self.method != "full"
 
-    def resolved(self, device_type: str, block_params: int | None = None) -> RunConfig:
+    def resolved(self, device_type: str, block_params: int | None = None, whole_model: bool = False) -> RunConfig:
         """A copy with 'auto' choices made for the device: precision bf16 on GPUs, fp32 on the CPU; compile
-        as `compile_for` says (`block_params`: parameters of one transformer block, when known)."""
+        as `compile_for` says (`block_params`: parameters of one transformer block, when known; `whole_model`:
+        compiling would compile the whole model as one graph, as the strategy's compile scope says)."""
         update: dict[str, Any] = {}
         if self.precision == "auto":
             update["precision"] = "bf16" if device_type == "cuda" else "fp32"
         if self.compile == "auto":
             work = None if block_params is None else self.batch_size * self.seq_len * block_params
-            update["compile"] = compile_for(self.strategy, device_type, work)
+            update["compile"] = compile_for(self.strategy, device_type, work, whole_model)
         return self.model_copy(update=update) if update else self
 
     def config_hash(self) -> str:
@@ -207,20 +208,24 @@ class RunConfig(BaseModel):
         return config_hash(identity(type(self), self.model_dump()))
 
 
-# tokens x parameters of one block, per micro-batch: below this a compiled block's host-side cost (guards, the
-# autograd wrapper) outweighs what it saves on the GPU. Measured on an H200: GPT-2 at 2048 tokens (1.4e10)
-# ran 36-45% slower compiled under ddp and zero2; at 16384 tokens (1.2e11) 1.6x faster.
+# tokens x parameters of one block, per micro-batch: below this a block compiled apart costs more on the host
+# (guards, the autograd wrapper, per block) than it saves on the GPU. Measured on an H200: GPT-2 at 2048 tokens
+# (1.4e10) ran 36-45% slower compiled per block under ddp and zero2; at 16384 tokens (1.2e11) 1.6x faster. The
+# whole model as one graph pays that once per micro-batch: GPT-2 on one H200, whole against eager, 2.19x at s2048
+# b1 (1.4e10), 1.38x at s1024 b4, 1.11x at s512 b4, and under ddp (one rank) 1.08x at s1024 b4, less memory in each.
 COMPILE_MIN_WORK = 5e10
 
 
-def compile_for(strategy: str, device_type: str, work_per_block: float | None = None) -> bool:
+def compile_for(strategy: str, device_type: str, work_per_block: float | None = None,
+                whole_model: bool = False) -> bool:
     """What compile=auto means. On GPUs compiled blocks measured faster wherever a block has enough work per
     micro-batch (GPT-2 full b8 1.6x, Mistral-7B QLoRA 1.27-1.35x, Llama-3-8B FSDP2 1.10x, under ddp, fsdp and
-    zero2 too). Off on the CPU, where compiling takes longer than a short run, under zero3, whose parameter-fetch
-    hooks run inside every block (never measured), and below COMPILE_MIN_WORK."""
+    zero2 too), and the whole model as one graph at any work measured. Off on the CPU, where compiling takes
+    longer than a short run, under zero3, whose parameter-fetch hooks run inside every block (never measured), and
+    for blocks compiled apart below COMPILE_MIN_WORK."""
     if device_type != "cuda" or strategy == "zero3":
         return False
-    return work_per_block is None or work_per_block >= COMPILE_MIN_WORK
+    return whole_model or work_per_block is None or work_per_block >= COMPILE_MIN_WORK
 
 
 def _is_endpoint(s: str) -> bool:

@@ -21,7 +21,7 @@ from tunebench.config import RunConfig
 from tunebench.errors import UserError
 from tunebench.models.count import Counts, Linear, counts
 from tunebench.models.spec import ModelSpec, resolve_model
-from tunebench.strategies import STRATEGIES, Strategy
+from tunebench.strategies import STRATEGIES, Strategy, compiles_whole_model
 
 Family = Literal["llama", "gpt2"]
 
@@ -228,6 +228,6 @@ def workload(cfg: RunConfig, world: int) -> Workload:
                         f"architectures, not {spec.shape.get('model_type', 'this one')}")
     strategy = STRATEGIES[cfg.strategy]
     strategy.check(cfg, world, packages=False)
-    cfg = cfg.resolved("cuda", c.per_block)
+    cfg = cfg.resolved("cuda", c.per_block, compiles_whole_model(cfg))
     targets = () if cfg.method == "full" else lora_targets(c, cfg.lora_targets)
     return Workload(cfg, spec, c, strategy, world, family, targets)

@@ -28,6 +28,11 @@ def whole_model_by_default(cfg: RunConfig) -> bool:
     return cfg.method == "full" and not cfg.grad_ckpt and cfg.float8 == "off" and cfg.offload == "none"
 
 
+def compiles_whole_model(cfg: RunConfig) -> bool:
+    """Compiling `cfg` (compile on or auto) would compile the whole model as one graph."""
+    return STRATEGIES[cfg.strategy].compile_scope(cfg.model_copy(update={"compile": True})) == "model"
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str
