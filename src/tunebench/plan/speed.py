@@ -70,8 +70,8 @@ OPTIMIZER_BYTES = {"adamw": 118, "adamw_fused": 77, "adamw_8bit": 50, "paged_ada
 # unsharded (single, DDP) on an H100, 18.4 ms a step for Llama-3.2-1B's 1.24B parameters and 1.9 ms for GPT-2
 # small's 124M, clipping included: 45 bytes each; FSDP2's DTensor shards on 4 H200s, Llama-3-8B: 45 ms a step for
 # 2.0B parameters a GPU, 95 bytes. DeepSpeed's keep OPTIMIZER_BYTES.
-OPTIMIZER_BYTES_BY_STRATEGY = {"single": OPTIMIZER_BYTES | {"adamw": 86, "adamw_fused": 45},
-                               "ddp": OPTIMIZER_BYTES | {"adamw": 86, "adamw_fused": 45},
+_UNSHARDED = OPTIMIZER_BYTES | {"adamw": 86, "adamw_fused": 45}
+OPTIMIZER_BYTES_BY_STRATEGY = {"single": _UNSHARDED, "ddp": _UNSHARDED,
                                "fsdp": OPTIMIZER_BYTES | {"adamw": 136, "adamw_fused": 95}}
 # Host seconds per block per micro-batch, and per adapted linear per pass (measured on the H200 host)
 HOST_PER_BLOCK = {"single": 0.8e-3, "ddp": 0.8e-3, "fsdp": 2.7e-3, "zero2": 0.8e-3, "zero3": 6.2e-3}
