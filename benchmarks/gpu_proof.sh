@@ -84,10 +84,14 @@
 #   bash benchmarks/gpu_proof.sh host1     # tunebench hw's host dispatch (3 times), then GPT-2 small s512 b16 per block
 #                                          #   and whole (host-bound per block): the planner's host scale checked
 #   bash benchmarks/gpu_proof.sh runs      # each line of RUNS as one `tunebench run` (20 steps after 8, tag TAG): the
-#                                          #   planner's out-of-sample check (its figures against tests/test_plan.py's)
+#                                          #   planner's out-of-sample check (its figures against tests/test_plan.py's);
+#                                          #   GPUS (default 0) for runs of several processes
 #   bash benchmarks/gpu_proof.sh scopeprof # GPU time by kind of kernel, per block and whole model, each shape of SHAPES
 #   bash benchmarks/gpu_proof.sh launch1   # every strategy under torchrun on GPU 0 (the parent without the engine, the
 #                                          #   ranks' fast exit), each command's wall time; a train job under FSDP2
+#   bash benchmarks/gpu_proof.sh peaklive  # memory by phase and what is alive at the step's peak, each line of PROBES
+#                                          #   (memory_probe.py key=value configurations; default: GPT-2 and
+#                                          #   Llama-3.2-1B, whole model against per block)
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -462,7 +466,7 @@ f8traced)
     --out "$OUT/f8traced_${METHOD:-qlora}${NAME:-}.json" 2>&1 | tail -n ${TAIL:-12}
   ;;
 f8runs)
-  export CUDA_VISIBLE_DEVICES=0
+  export CUDA_VISIBLE_DEVICES=${GPUS:-0}
   C="--model mistral-7b --seq-len 512 --batch-size 8 --grad-ckpt --lora-rank 16 --lora-alpha 32 --lora-dropout 0
      --float8 rowwise --steps 24 --warmup 8 --tag f8runs"
   for v in "--method qlora --optimizer paged_adamw_8bit" \
@@ -670,7 +674,7 @@ host1)
   SHAPES=${SHAPES:-"--model tinygpt-124m --seq-len 512 --batch-size 16"} bash "$0" scopefit
   ;;
 runs)
-  export CUDA_VISIBLE_DEVICES=0
+  export CUDA_VISIBLE_DEVICES=${GPUS:-0}
   while IFS= read -r args; do
     [ -n "$args" ] || continue
     timeout 300 python3 -m tunebench.cli run $args --steps 20 --warmup 8 --tag "${TAG:-runs}" > "$OUT/run.log" 2>&1
@@ -689,6 +693,20 @@ scopeprof)
         || tail -5 "$OUT/prof.err"
     done
   done <<< "$SHAPES" | tee "$OUT/scopeprof.txt"
+  ;;
+peaklive)
+  export CUDA_VISIBLE_DEVICES=0
+  PROBES=${PROBES:-"model=tinygpt-124m batch_size=16 seq_len=512 compile_scope=model
+model=tinygpt-124m batch_size=16 seq_len=512 compile_scope=blocks
+model=tinygpt-124m batch_size=8 seq_len=2048 compile_scope=model
+model=tinygpt-124m batch_size=8 seq_len=2048 compile_scope=blocks
+model=llama-3.2-1b batch_size=2 seq_len=2048 compile_scope=model
+model=llama-3.2-1b batch_size=2 seq_len=2048 compile_scope=blocks"}
+  while IFS= read -r probe; do
+    [ -n "$probe" ] || continue
+    timeout 300 python3 benchmarks/memory_probe.py --peak-live --out "$OUT/peaklive.jsonl" "compile=true $probe" \
+      2>&1 | grep -v "^\[" | cut -c 1-300
+  done <<< "$PROBES"
   ;;
 llama8b)
   tb run --model llama-3-8b --method full --strategy fsdp --nproc-per-node 4 --seq-len 4096 --batch-size 2 \

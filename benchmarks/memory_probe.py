@@ -4,7 +4,9 @@ For each configuration (key=value pairs, as `tunebench run --set` takes them) th
 exactly as `tunebench run` does, runs two warm steps, then measures one step: allocated bytes before
 the forward, after it and at its peak, at the backward's peak and after it, at the optimizer's peak,
 and the bytes autograd saved per transformer block (unique storages, parameters excluded). One JSON
-line per configuration goes to stdout and to --out.
+line per configuration goes to stdout and to --out. With --peak-live (CUDA) the measured step also runs under the
+allocator's history: the step's largest moment is replayed from it, and what was allocated in the step and still
+alive then is listed, grouped by size and by the Python line that allocated it (what a planner item must explain).
 
     python benchmarks/memory_probe.py --out probe.jsonl "model=tinygpt-124m batch_size=8 seq_len=2048" ...
 """
@@ -12,6 +14,7 @@ line per configuration goes to stdout and to --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -75,7 +78,50 @@ def kernel_profile(ts, data, cfg) -> dict[str, float]:
     return out
 
 
-def probe(pairs: dict[str, str]) -> dict:
+def _where(frames: list[dict]) -> str:
+    """The line that asked for a block: the first frame outside torch's own modules (inductor's generated code,
+    a model's forward, our engine), with the tunebench frame beneath it where that is a different one."""
+    def own(f: dict) -> bool:
+        name = f.get("filename", "")
+        return "/torch/" not in name or "torchinductor" in name
+
+    first = next((f for f in frames if own(f)), frames[0] if frames else {})
+    ours = next((f for f in frames if "tunebench" in f.get("filename", "")), None)
+    text = lambda f: f"{os.path.basename(f.get('filename', '?'))}:{f.get('line', 0)} {f.get('name', '')}"  # noqa: E731
+    return text(first) + (f" < {text(ours)}" if ours and ours is not first else "")
+
+
+def live_at_peak(snapshot: dict, start_bytes: int, top: int = 40) -> dict:
+    """Replay the allocator's history of one step: the largest moment, and the blocks allocated since the history
+    began and alive then, grouped by (size, where). `start_bytes`: allocated when the history began."""
+    events = [e for e in snapshot["device_traces"][0] if e["action"] in ("alloc", "free_completed")]
+    live: dict[int, dict] = {}
+    now = best = start_bytes
+    best_live: dict[int, dict] = {}
+    for e in events:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            now += e["size"]
+            if now > best:
+                best, best_live = now, dict(live)
+        else:
+            gone = live.pop(e["addr"], None)
+            now -= gone["size"] if gone else e["size"]
+    groups: dict[tuple[int, str], list[int]] = {}
+    for e in best_live.values():
+        key = (e["size"], _where(e.get("frames", [])))
+        groups.setdefault(key, []).append(e["size"])
+    rows = sorted(((sum(v), len(v), size, where) for (size, where), v in groups.items()), reverse=True)
+    by_line: dict[str, int] = {}  # every block at the peak, by the line of ours (or the model's) that asked for it
+    for e in best_live.values():
+        line = _where(e.get("frames", [])).split(" < ")[-1]
+        by_line[line] = by_line.get(line, 0) + e["size"]
+    return {"peak": best, "before": start_bytes, "new_at_peak": sum(e["size"] for e in best_live.values()),
+            "groups": [{"bytes": b, "count": n, "size": size, "where": where} for b, n, size, where in rows[:top]],
+            "by_line": dict(sorted(by_line.items(), key=lambda kv: -kv[1]))}
+
+
+def probe(pairs: dict[str, str], peak_live: bool = False) -> dict:
     cfg = RunConfig(**pairs)
     plan = preflight(cfg)
     ctx = DistContext()
@@ -104,9 +150,18 @@ def probe(pairs: dict[str, str]) -> dict:
     sync_dev()
     res["steady_before_step"] = alloc()
     saved = SavedBytes(blocks, params)
+    # the saved-tensor hooks count bytes per block; left out where the step's own memory is recorded (a hook can
+    # change what a compiled graph keeps)
+    hooks = (lambda: contextlib.nullcontext()) if peak_live else (  # noqa: E731
+        lambda: torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda x: x))
     phases = []
+    history_from = 0
     for k in range(cfg.grad_accum):
         saved.per_block.clear()  # the last micro-batch's
+        if peak_live and cuda and k == cfg.grad_accum - 1:
+            sync_dev()
+            history_from = alloc()
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
         batch = data.next()
         sync_dev()
         reset()
@@ -115,7 +170,7 @@ def probe(pairs: dict[str, str]) -> dict:
         module = ts.module
         sync = k == cfg.grad_accum - 1
         if hasattr(module, "backward") and hasattr(module, "step"):  # DeepSpeed engine
-            with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda x: x):
+            with hooks():
                 loss = module(*batch)
             sync_dev()
             ph |= {"after_fwd": alloc(), "peak_fwd": peak(), "fwd_s": time.perf_counter() - t0}
@@ -130,7 +185,7 @@ def probe(pairs: dict[str, str]) -> dict:
         else:
             from tunebench.engine.step import autocast
 
-            ctxm = torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda x: x)
+            ctxm = hooks()
             nosync = module.no_sync() if (not sync and hasattr(module, "no_sync")) else None
             if nosync:
                 nosync.__enter__()
@@ -153,6 +208,10 @@ def probe(pairs: dict[str, str]) -> dict:
         ph |= {"after_step": alloc(), "peak_step": peak(), "step_s": time.perf_counter() - t0}
         phases.append(ph)
     res["phases"] = phases
+    if peak_live and cuda:
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        res["live_at_peak"] = live_at_peak(snap, history_from)
     if cuda:
         from tunebench.metrics.memory import nvml_used_bytes
 
@@ -174,6 +233,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="+", help='"key=value key=value ..." per configuration')
     ap.add_argument("--out", default=None)
+    ap.add_argument("--peak-live", action="store_true", help="list what is alive at the step's largest moment (CUDA)")
     args = ap.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29531")
@@ -191,7 +251,7 @@ def main() -> None:
         pairs.setdefault("nproc_per_node", "1")
         started = time.perf_counter()
         try:
-            res = probe(pairs)
+            res = probe(pairs, args.peak_live)
         except Exception as err:  # one failing configuration must not hide the others
             res = {"config": pairs, "error": f"{type(err).__name__}: {str(err)[:500]}"}
             release(device)

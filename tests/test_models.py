@@ -12,6 +12,7 @@ from tunebench.models import PRESETS, build_model, load_meta_model, resolve_mode
 
 @pytest.mark.parametrize("name,params", [
     ("tinygpt-124m", 124_439_808 + 2048 * 768 - 1024 * 768),  # GPT-2 small with 2048 positions, tied head
+    ("gpt2-medium", 354_823_168),
     ("llama-3.2-1b", 1_235_814_400),
     ("mistral-7b", 7_248_023_552),
     ("llama-3-8b", 8_030_261_248),

@@ -30,6 +30,8 @@ PRESETS: dict[str, Preset] = {
                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)),
     # GPT-2 small, the seeds' "TinyGPT" (12 layers, 768 hidden, 12 heads), with 2048 positions.
     "tinygpt-124m": Preset("gpt2", dict(vocab_size=50257, n_positions=2048, n_embd=768, n_layer=12, n_head=12)),
+    # GPT-2 medium (24 layers, 1024 hidden, 16 heads), its own 1024 positions.
+    "gpt2-medium": Preset("gpt2", dict(vocab_size=50257, n_positions=1024, n_embd=1024, n_layer=24, n_head=16)),
     "llama-3.2-1b": Preset("llama", dict(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
         num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True,

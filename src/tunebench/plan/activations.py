@@ -16,7 +16,7 @@ Under autocast with bf16 weights (FSDP2, LoRA bases) 4h more were measured; with
 GPT-2 block under autocast: LayerNorm inputs, the fused qkv (6h), dropout masks (1 byte each), and
 NewGELU written out in Python, whose pow/tanh run in fp32 under autocast (14 x inner bytes).
 torch.compile keeps what its min-cut partitioner chooses: measured, 12h + 4i (+ attention) on Llama with
-bf16 weights, 4h more with LoRA/QLoRA adapters.
+bf16 weights, 4h more with LoRA/QLoRA adapters; the whole model as one graph 2h more than per block.
 LoRA adds each adapter's rank-r output, and no copy of an adapter's input: peft casts that input to the
 adapters' fp32, yet nothing more is kept, under autocast or under DeepSpeed (whose bf16 engine casts the
 adapters too); measured on the CPU (a test) and on an H100 (118k bytes/token per block of Llama-3.2-1B LoRA,
@@ -118,6 +118,11 @@ def _math_attention_extra(w: Workload) -> float:
 def activations(w: Workload) -> Activations:
     block = _llama_block(w) if w.family == "llama" else _gpt2_block(w)
     block += _adapters(w)
+    if w.whole_graph and w.residual_bytes == 4:
+        # one graph keeps about 2h more per block than blocks compiled apart (measured, H100: GPT-2 small 1,536-1,562
+        # bytes per token per block with dropout and without, Llama-3.2-1B 2,600-3,900): by its size a bf16 copy of
+        # the fp32 residual; a bf16 residual needs none (bf16-pure: GPT-2 small and medium within 1-3% without it)
+        block += 2 * w.spec.hidden_size
     kernel = _attention_kernel(w)
     if kernel == "math":
         block += _math_attention_extra(w)

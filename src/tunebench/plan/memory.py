@@ -29,6 +29,12 @@ GIB = 1 << 30
 # beyond eager recompute's one, and QLoRA's dequantized bf16 weights of the block (fitted on Mistral-7B LoRA and
 # QLoRA s512 b8 on an H200: +0.68 and +0.95 GiB)
 TRACED_EXTRA_BLOCKS = 1.25
+# The whole model compiled as one graph (Workload.whole_graph): the graph holds several chunks' fp32 logits at once,
+# one per chunk up to WHOLE_GRAPH_FP32_CHUNKS, beside one chunk's bf16 logits, and makes the head's gradient in
+# backward instead of keeping it from the forward. What is alive at the peak (benchmarks/memory_probe.py --peak-live,
+# H100, GPT-2 small at 8,192 and 16,384 tokens): four fp32 chunk-sized buffers and the bf16 logits, no fp32 head
+# gradient; fitted on GPT-2 small's runs at 2,048-16,384 tokens (H100 and H200)
+WHOLE_GRAPH_FP32_CHUNKS = 4
 DS_BUCKET = int(5e8)  # strategies.zero: reduce / all-gather / prefetch bucket size, elements
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}
 # Measured (nvml used - reserved): CUDA context, kernels and workspaces; NCCL adds its buffers.
@@ -149,18 +155,29 @@ def loss_bytes_per_logit(w: Workload) -> int:
     GRAD_GROUP chunks beside them (engine.loss). A head the loss cannot fuse: chunks checkpointed, two fp32 chunks
     and two bf16 ones at once."""
     b = w.compute_bytes
+    if w.whole_graph and w.fused_head:
+        chunks = -(-w.tokens // chunk_rows(w))
+        return b + 4 * min(chunks, WHOLE_GRAPH_FP32_CHUNKS)
     return (2 * b + (b * GRAD_GROUP if w.head_trains else 0)) if w.fused_head else 12
+
+
+def chunk_rows(w: Workload) -> int:
+    """Tokens in one chunk of the loss (engine.loss)."""
+    return max(128, LOGITS_PER_CHUNK // w.spec.vocab_size)
 
 
 def _loss(w: Workload) -> tuple[float, float, float]:
     """(kept through backward, transient peak in the forward, transient in backward) of the loss and head."""
     c, h, tokens = w.counts, w.spec.hidden_size, w.tokens
     vocab = w.spec.vocab_size
-    chunk = max(128, LOGITS_PER_CHUNK // vocab)
+    chunk = chunk_rows(w)
     transient = loss_bytes_per_logit(w) * min(chunk, tokens) * vocab
     cast_weight = w.full and w.residual_bytes == 4  # fp32 head weights cast to bf16 for the chunks
     transient += (2 * c.head if cast_weight else 0) + (2 * tokens * h if w.residual_bytes == 4 else 0)
-    kept = 4 * c.head if (w.head_trains and w.fused_head) else 0.0  # fp32 gradient of the head, made in forward
+    if w.whole_graph and cast_weight and c.tied:  # one graph casts the tied weight twice: the lookup's and the head's
+        transient += 2 * c.head
+    # fp32 gradient of the head, made in forward (the whole graph makes it in backward)
+    kept = 4 * c.head if (w.head_trains and w.fused_head and not w.whole_graph) else 0.0
     # backward scales the kept gradient into a new fp32 tensor, cast again where the weights are bf16
     backward = 2 * kept + (2 * c.head if kept and w.residual_bytes == 2 else 0)
     return kept, transient, backward
@@ -236,7 +253,8 @@ def memory(w: Workload) -> MemoryPlan:
                                                                                else "")),
                        Item("gradients", grads, "bf16 partition" if w.deepspeed else "bf16" if w.pure else "fp32"),
                        Item("activations", acts, act.note),
-                       Item("loss chunk", loss_transient + kept_loss, "logits of one chunk; the head's gradient")]
+                       Item("loss chunk", loss_transient + kept_loss, "one chunk's logits, several fp32 copies in "
+                            "the graph" if w.whole_graph else "logits of one chunk; the head's gradient")]
     items += working
     plan = MemoryPlan(items, {"forward": forward, "backward": backward, "step": step}, act, paged)
     if w.offloaded:  # fp32 master weights, Adam's two moments and the fp32 gradients of the partition

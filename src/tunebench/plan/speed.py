@@ -8,13 +8,14 @@
                1.43x; measured)
   attention    causal flash attention, forward + backward (2.5x), at a share of the dense peak that grows with
                the sequence (10% at 512 tokens, 32% at 2048, 48% at 4096; profiled)
-  elementwise  memory-bound kernels: 8.6-8.8 bytes moved per byte an op keeps for backward, 5.1-5.2 compiled
-               (measured per architecture on an H200), the loss's fp32 logits, QLoRA's dequantization
+  elementwise  memory-bound kernels: 8.6-8.8 bytes moved per byte an op keeps for backward, 3.0 (GPT-2) and 5.1
+               (Llama) compiled (fitted per architecture on the records, GPT-2's as its kernels profile), the
+               loss's fp32 logits, QLoRA's dequantization
   optimizer    bytes moved per trained parameter (fused AdamW with clipping, profiled: 45 unsharded, 95 FSDP2);
                offload=optimizer: DeepSpeed's CPU Adam on the host's cores shared by the node's GPUs, and the
                gradients' and weights' copies over PCIe, after backward
   host         Python per block and micro-batch (each compiled block's call, hooks of FSDP2 and ZeRO-3, peft's
-               calls when not compiled; one call per micro-batch for the whole model compiled as one graph):
+               calls when not compiled; the whole model compiled as one graph: its wrapper's kernel launches):
                the step takes the longer of the GPU's work and the host's, and a little of the shorter
                (launch gaps)
   network      the strategy's collectives at the measured bus bandwidth, the part not hidden behind compute,
@@ -40,6 +41,9 @@ ATTENTION_HALF_SEQ = 4096
 # on an H200 with the padded head: its blocks' and head's GEMMs 16.7-17.2 ms a step, 12.2 TFLOP at ~0.9 of 807
 # TFLOP/s), 93% from 2048 up
 NARROW_HIDDEN = 400
+# Short micro-batches fall below the ceiling as tokens / (tokens + MATMUL_HALF_TOKENS). Profiled GEMMs at 4,096-8,192
+# tokens lost less (GPT-2 medium 96% of the ceiling); the records want 600, which carries other short-step costs
+MATMUL_HALF_TOKENS = 600
 # A head whose rows are not a multiple of HEAD_ALIGN (GPT-2's 50,257): cuBLAS takes slow 1-element-aligned kernels,
 # this many times slower. The fused loss pads its head (engine.loss); a head computed by the model is not. Fitted
 # with NARROW_HIDDEN on the GPT-2 runs made before the loss padded it: all 32 within 15% (a knee of 880 had folded
@@ -47,7 +51,7 @@ NARROW_HIDDEN = 400
 HEAD_ALIGN = 64
 UNALIGNED_HEAD_SLOWDOWN = 8.0
 # SDPA with dropout draws its mask inside the kernel: GPT-2 small s2048 on an H200, 10.0 ms of attention a step
-# with 0.1 against 6.1 without (whole-model compile, one job); ATTENTION_OF_PEAK was fitted on runs with it
+# with 0.1 against 6.1 without (whole-model compile, one job); ATTENTION_OF_PEAK is set from runs without it
 ATTENTION_DROPOUT_SLOWDOWN = 1.6
 # float8 (torchao) block GEMMs against bf16, casts to float8 included, compiled: fitted on Llama-3-8B full FSDP2 on
 # 2 and 4 H200s (tensorwise: 4 runs, within 5%; rowwise: 1 run); float8's tensor-core peak is 2x bf16's
@@ -56,8 +60,9 @@ FLOAT8_GEMM_SPEEDUP = {"off": 1.0, "tensorwise": 1.45, "rowwise": 1.3}
 # shapes at 4,096 tokens (benchmarks/kernels_vs.py --ops base_fp8 on an H200: 3.60 against 5.13 ms)
 FLOAT8_FROZEN_SPEEDUP = 1.43
 # (compiled and Llama's refitted on every GPU record once attention, the optimizer and the loss were set from
-# profiles, 2026-11-23)
-ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 5.2, ("llama", False): 8.8,
+# profiles, 2026-11-23; GPT-2's compiled one again once GPT-2's dropout slowed its attention rather than its absence
+# sped it up, 2026-11-24: 3.0; its whole graph's fused kernels profiled on an H100 imply 2.7-4.1)
+ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 3.0, ("llama", False): 8.8,
                                ("llama", True): 5.1}  # (architecture, compiled)
 # the fused loss's compiled softmax over a chunk's logits (engine.loss), per logit: profiled on an H100, GPT-2 small
 # s2048 b8 (824M padded logits, 2.46 ms) and Llama-3.2-1B s2048 b2 (525M, 1.47 ms), 9 bytes at the copy bandwidth
@@ -84,10 +89,16 @@ DEEPSPEED_PER_MICRO_S = 8e-3  # DeepSpeed's engine bookkeeping per micro-batch (
 # block and micro-batch. Short micro-batches of GPT-2 small are host-bound so (s512 b16: GPU 65% busy on an H200,
 # 60% on an H100); fitted on every GPU record with the constants below (benchmarks/RESULTS.md, 2026-11-23 eighth).
 HOST_PER_COMPILED_BLOCK = 2.5e-3
-# The whole model compiled as one graph (compile_scope model): one call per micro-batch, no Python between blocks
-# (the same short GPT-2 steps: 1.44x per block's speed on an H200, 1.37x on an H100; 1.00-1.06x where the GPU is
-# the bound). Not fitted: the records are GPU-bound at any value from 1.6 to 15 ms.
-WHOLE_GRAPH_HOST_S = 5e-3
+# The whole model compiled as one graph (compile_scope model): one call per micro-batch, no Python between blocks,
+# but the graph's wrapper still launches each kernel from the host: per block and micro-batch (GPT-2 small at 2,048
+# and 4,096 tokens on an H100: 22.9 and 19.3-21.6 ms a step, the GPU busy 13.0 ms of it at 4,096: host-bound;
+# fitted on every record, 2026-11-24)
+WHOLE_GRAPH_HOST_PER_BLOCK = 1.6e-3
+# ... and under DDP more again, at one rank as at two (so not communication): GPT-2 small whole on an H200, 37.7 ms a
+# step at 4,096 tokens under DDP with one rank against 18.4 ms without DDP; 30.6 and 35.6 ms at 2,048 and 8,192
+# tokens on two ranks (GPU work about 10 and 20 ms). Dynamo cuts a DDP model's graph where its buckets end, each
+# piece its own call: taken per block, fitted on the two-rank records (measured with GPT-2 small only)
+DDP_WHOLE_GRAPH_HOST_PER_BLOCK = 1.2e-3
 # Of the shorter of GPU and host time, what still shows (launch gaps); ZeRO-3 waits for each gathered weight.
 LAUNCH_GAPS = {"zero3": 0.45}
 LAUNCH_GAPS_DEFAULT = 0.1
@@ -117,7 +128,7 @@ class StepTime:
 
 def matmul_efficiency(hidden: int, tokens: int) -> float:
     """Fraction of the matmul ceiling the model's GEMMs reach: narrow layers and short micro-batches fall below it."""
-    return max(0.05, 0.93 / (1 + (NARROW_HIDDEN / hidden) ** 5)) * tokens / (tokens + 600)
+    return max(0.05, 0.93 / (1 + (NARROW_HIDDEN / hidden) ** 5)) * tokens / (tokens + MATMUL_HALF_TOKENS)
 
 
 def head_padded(w: Workload) -> bool:
@@ -145,8 +156,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
     q = s.num_heads * s.head_dim
     attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share - kept) * tokens
-    if w.family == "gpt2" and not w.dropout:
-        attention /= ATTENTION_DROPOUT_SLOWDOWN
+    if w.dropout:
+        attention *= ATTENTION_DROPOUT_SLOWDOWN
     act = activations(w)
     # backward moves about twice the forward's bytes; a recompute adds one forward, but for a checkpoint traced
     # in the compiled block, whose backward graph fuses the recompute's elementwise ops with its own
@@ -170,7 +181,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
 
 def _host(w: Workload) -> float:
     if w.whole_graph:
-        return w.cfg.grad_accum * WHOLE_GRAPH_HOST_S
+        ddp = DDP_WHOLE_GRAPH_HOST_PER_BLOCK if w.strategy.name == "ddp" else 0.0
+        return w.cfg.grad_accum * w.layers * (WHOLE_GRAPH_HOST_PER_BLOCK + ddp)
     # a block keeping its matmuls, or recomputed in its compiled backward's graph, makes no extra calls
     passes = 2 + w.recomputed_share - w.traced_share
     # compiled blocks trace peft's per-adapter Python into their graph: no host calls per adapter left
