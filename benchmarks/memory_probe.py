@@ -108,14 +108,13 @@ def live_at_peak(snapshot: dict, start_bytes: int, top: int = 40) -> dict:
             gone = live.pop(e["addr"], None)
             now -= gone["size"] if gone else e["size"]
     groups: dict[tuple[int, str], list[int]] = {}
-    for e in best_live.values():
-        key = (e["size"], _where(e.get("frames", [])))
-        groups.setdefault(key, []).append(e["size"])
-    rows = sorted(((sum(v), len(v), size, where) for (size, where), v in groups.items()), reverse=True)
     by_line: dict[str, int] = {}  # every block at the peak, by the line of ours (or the model's) that asked for it
     for e in best_live.values():
-        line = _where(e.get("frames", [])).split(" < ")[-1]
+        where = _where(e.get("frames", []))
+        groups.setdefault((e["size"], where), []).append(e["size"])
+        line = where.split(" < ")[-1]
         by_line[line] = by_line.get(line, 0) + e["size"]
+    rows = sorted(((sum(v), len(v), size, where) for (size, where), v in groups.items()), reverse=True)
     return {"peak": best, "before": start_bytes, "new_at_peak": sum(e["size"] for e in best_live.values()),
             "groups": [{"bytes": b, "count": n, "size": size, "where": where} for b, n, size, where in rows[:top]],
             "by_line": dict(sorted(by_line.items(), key=lambda kv: -kv[1]))}
