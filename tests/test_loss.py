@@ -176,3 +176,36 @@ def test_fused_loss_traced_in_a_graph_equals_eager(monkeypatch, device, vocab, m
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md")
+def test_traced_loss_accumulates_the_head_gradient_in_place(monkeypatch):
+    """In a compiled graph the head's gradient goes into one fp32 accumulator group by group, as eagerly: no group's
+    16-bit product waits for a sum at the loss's end. Eight groups of small chunks before a large head: summed out of
+    place, the graph held several 64 MiB products at once; in place, it peaks within one product of the eager loss."""
+    monkeypatch.setattr(L, "LOGITS_PER_CHUNK", 8192 * 64)  # 64-row chunks, 192-row groups: 8 groups below
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4096, 8192, bias=False, device="cuda")
+    h = torch.randn(8, 192, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = torch.randint(0, 8192, (8, 192), device="cuda")
+
+    def loss(h, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return L.causal_lm_loss(h * 1.0, head, y, 8192)
+
+    def peak(fn) -> tuple[int, torch.Tensor]:
+        for _ in range(2):  # the second call: compiled, without the compile's own allocations
+            head.weight.grad = h.grad = None
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fn(h, y).backward()
+            torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, head.weight.grad.clone()
+
+    eager, want = peak(loss)
+    torch._dynamo.reset()
+    traced, got = peak(torch.compile(loss, fullgraph=True))
+    product = 8192 * 4096 * 2
+    assert traced < eager + product, (traced / 2**20, eager / 2**20)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

@@ -27,8 +27,18 @@ FUSED_4BIT_SINCE = "2026-11-22T13:45"  # QLoRA blocks keeping matmuls keep the 4
 LOSS_COMPILED_SINCE = "2026-11-22T15:35"
 # whole-model runs before then computed a zero loss gradient (torch 2.11, engine.loss): withdrawn, shown apart
 WHOLE_GRAPH_MENDED = "2026-11-23T11:08"
+# one graph kept no fp32 head gradient from the forward before then: it summed every group's product at once
+HEAD_GRAD_IN_PLACE_SINCE = "2026-11-24T03:00"
 plan_memory = importlib.import_module("tunebench.plan.memory")  # the module (the package exports its function)
 plan_speed = importlib.import_module("tunebench.plan.speed")
+
+
+def _head_grad_kept_before(w) -> float:
+    """plan.memory.head_grad_kept before HEAD_GRAD_IN_PLACE_SINCE: one graph kept none from the forward."""
+    return 0.0 if w.whole_graph else HEAD_GRAD_KEPT(w)
+
+
+HEAD_GRAD_KEPT = plan_memory.head_grad_kept
 
 
 def _records(kind: str) -> list[ResultRecord]:
@@ -55,6 +65,8 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
             if r.created_at < LOSS_COMPILED_SINCE:
                 then.setattr(plan_memory, "loss_bytes_per_logit", lambda w: 12)
                 then.setattr(plan_speed, "LOSS_BYTES_PER_LOGIT", 30)  # the eager softmax's passes
+            if r.created_at < HEAD_GRAD_IN_PLACE_SINCE:
+                then.setattr(plan_memory, "head_grad_kept", _head_grad_kept_before)
             if r.created_at < PADDED_LOSS_SINCE:  # an odd vocabulary's head unpadded in the fused loss too
                 then.setattr(plan_speed, "head_padded", lambda w: False)
             cfg = run_config(what_ran(r))
@@ -412,10 +424,10 @@ def test_a_slower_host_slows_a_host_bound_step_only():
     assert here.time.bound == "GPU" and 0.97 < there.tokens_per_s / here.tokens_per_s < 1.0
 
 
-def test_the_whole_graph_keeps_the_loss_chunk_in_fp32_not_the_head_gradient():
+def test_the_whole_graph_keeps_the_loss_chunks_in_fp32():
     """One graph (memory_probe.py --peak-live on an H100): up to four chunks' fp32 logits at once (one per chunk:
-    fewer for fewer chunks), the head's gradient made in backward (none kept from the forward), a bf16 copy of each
-    block's fp32 residual."""
+    fewer for fewer chunks), the head's fp32 gradient kept from the forward as per block (accumulated in place), a
+    bf16 copy of each block's fp32 residual."""
     from tunebench.plan.memory import WHOLE_GRAPH_FP32_CHUNKS
 
     gpu = match("H100")
@@ -425,7 +437,7 @@ def test_the_whole_graph_keeps_the_loss_chunk_in_fp32_not_the_head_gradient():
     chunk_logits = (2**26 // w.spec.vocab_size) * w.spec.vocab_size
     head = w.counts.head
     assert blocks.item("loss chunk") - whole.item("loss chunk") == pytest.approx(
-        (10 - 2 - 4 * WHOLE_GRAPH_FP32_CHUNKS) * chunk_logits + 4 * head - 2 * head)  # tied: cast twice
+        (10 - 2 - 4 * WHOLE_GRAPH_FP32_CHUNKS) * chunk_logits - 2 * head)  # tied: cast twice
     per_block = 2 * w.spec.hidden_size * w.tokens * w.layers
     assert whole.item("activations") - blocks.item("activations") == pytest.approx(per_block)
     assert whole.peak_phase == blocks.peak_phase == "forward"

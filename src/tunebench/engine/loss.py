@@ -50,8 +50,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         vocab = weight.shape[0]
         w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
         hc = h.to(dtype)
-        # Traced (a whole model's graph), nothing is written in place: torch 2.11's dynamo saved for backward what
-        # a tensor held before in-place writes into it (all-zero gradients: tests/test_loss.py, run on an H200)
+        # Traced (a whole model's graph), no buffer is filled in place by its slices: torch 2.11's dynamo saved for
+        # backward what a tensor held before such writes (all-zero gradients: tests/test_loss.py, run on an H200).
+        # The head's gradient is the exception: one opaque op writes it in place (_accumulate_in_graph).
         traced = torch.compiler.is_compiling()
         grad_h = torch.empty_like(hc) if h.requires_grad and not traced else None
         grads_h: list[torch.Tensor] = []  # traced: each group's, joined at the end
@@ -88,8 +89,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 grads_h.append(g_rows @ w)
             elif grad_h is not None:
                 grad_h[i:i + span] = g_rows @ w
-            if grad_w is not None:  # traced: the 16-bit product then added, as measured compiled
-                grad_w = grad_w + (g_rows.t() @ rows).float() if traced else _accumulate(grad_w, g_rows.t(), rows)
+            if grad_w is not None:
+                (_accumulate_in_graph if traced else _accumulate)(grad_w, g_rows.t(), rows)
             if grad_b is not None:
                 group_b = g_rows.sum(0, dtype=torch.float32)
                 grad_b = grad_b + group_b if traced else grad_b.add_(group_b)
@@ -190,6 +191,19 @@ def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
     if acc.device.type == "cuda" and _FP32_EPILOGUE and a.dtype != acc.dtype:
         return torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
     return acc.add_(a @ b)
+
+
+@torch.library.custom_op("tunebench::accumulate_matmul", mutates_args=("acc",))
+def _accumulate_in_graph(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """`_accumulate` as one opaque op of a compiled graph, written in place into the accumulator. Summed out of place
+    (`acc + a @ b`), inductor fused every group's sum into one kernel at the loss's end and kept each group's 16-bit
+    product alive until then: 4 x 501 MiB at Llama-3.2-1B's peak at 8,192 tokens (benchmarks/RESULTS.md)."""
+    _accumulate(acc, a, b)
+
+
+@_accumulate_in_graph.register_fake
+def _(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    return None
 
 
 def _chunk_loss(head: nn.Module, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

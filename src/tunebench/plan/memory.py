@@ -30,10 +30,9 @@ GIB = 1 << 30
 # QLoRA s512 b8 on an H200: +0.68 and +0.95 GiB)
 TRACED_EXTRA_BLOCKS = 1.25
 # The whole model compiled as one graph (Workload.whole_graph): the graph holds several chunks' fp32 logits at once,
-# one per chunk up to WHOLE_GRAPH_FP32_CHUNKS, beside one chunk's bf16 logits, and makes the head's gradient in
-# backward instead of keeping it from the forward. What is alive at the peak (benchmarks/memory_probe.py --peak-live,
-# H100, GPT-2 small at 8,192 and 16,384 tokens): four fp32 chunk-sized buffers and the bf16 logits, no fp32 head
-# gradient; fitted on GPT-2 small's runs at 2,048-16,384 tokens (H100 and H200)
+# one per chunk up to WHOLE_GRAPH_FP32_CHUNKS, beside one chunk's bf16 logits. What is alive at the peak
+# (benchmarks/memory_probe.py --peak-live, H100, GPT-2 small at 8,192 and 16,384 tokens, Llama-3.2-1B at 8,192): four
+# fp32 chunk-sized buffers and the bf16 logits; fitted on GPT-2 small's runs at 2,048-16,384 tokens (H100 and H200)
 WHOLE_GRAPH_FP32_CHUNKS = 4
 DS_BUCKET = int(5e8)  # strategies.zero: reduce / all-gather / prefetch bucket size, elements
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}
@@ -176,11 +175,16 @@ def _loss(w: Workload) -> tuple[float, float, float]:
     transient += (2 * c.head if cast_weight else 0) + (2 * tokens * h if w.residual_bytes == 4 else 0)
     if w.whole_graph and cast_weight and c.tied:  # one graph casts the tied weight twice: the lookup's and the head's
         transient += 2 * c.head
-    # fp32 gradient of the head, made in forward (the whole graph makes it in backward)
-    kept = 4 * c.head if (w.head_trains and w.fused_head and not w.whole_graph) else 0.0
+    kept = head_grad_kept(w)
     # backward scales the kept gradient into a new fp32 tensor, cast again where the weights are bf16
     backward = 2 * kept + (2 * c.head if kept and w.residual_bytes == 2 else 0)
     return kept, transient, backward
+
+
+def head_grad_kept(w: Workload) -> float:
+    """The head's fp32 gradient, made in forward and kept for backward (engine.loss), in one graph as well: there
+    one opaque op accumulates it in place (before, the graph summed every group's 16-bit product at once)."""
+    return 4 * w.counts.head if (w.head_trains and w.fused_head) else 0.0
 
 
 def _head_grad_held(w: Workload) -> float:

@@ -37,8 +37,7 @@ def summary_table(p: Prediction) -> Table:
     whole = STRATEGIES[p.cfg.strategy].compile_scope(p.cfg) == "model"
     if whole:
         tab.add("note", "the whole model compiled as one graph: its memory and host time fitted on GPT-2 small and "
-                        "medium and Llama-3.2-1B on one GPU (DDP's host time on two); Llama-3.2-1B at 8,192 tokens "
-                        "measured 7% above (two fp32 sums of the head's gradient in the traced loss, not modelled)")
+                        "medium and Llama-3.2-1B on one GPU (DDP's host time on two)")
     if p.cfg.float8 != "off":
         tab.add("note", f"float8={p.cfg.float8}: memory is predicted as bf16's (measured 4-14% below it without "
                         "checkpointing, where float8 keeps smaller activations); speed from float8 runs on H200")
