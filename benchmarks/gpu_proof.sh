@@ -94,6 +94,8 @@
 #                                          #   Llama-3.2-1B, whole model against per block)
 #   bash benchmarks/gpu_proof.sh tracedsum # the whole graph's head gradient in place vs summed (vs_traced_sum.py, SHAPES),
 #                                          #   after the loss's GPU tests and its memory check against the summed form
+#   bash benchmarks/gpu_proof.sh hostgraph # tunebench hw's host figure (3 times), then host-bound GPT-2 small runs, whole
+#                                          #   model and per block (RUNS, TAG): the host's figure against the steps
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -674,6 +676,14 @@ host1)
   export CUDA_VISIBLE_DEVICES=0
   for i in 1 2 3; do tb hw --sections host --tag gpu-proof-host 2>&1 | grep "host dispatch"; done
   SHAPES=${SHAPES:-"--model tinygpt-124m --seq-len 512 --batch-size 16"} bash "$0" scopefit
+  ;;
+hostgraph)
+  export CUDA_VISIBLE_DEVICES=0
+  for i in 1 2 3; do tb hw --sections host --tag gpu-proof-host 2>&1 | grep "host dispatch"; done
+  RUNS=${RUNS:-"--model tinygpt-124m --seq-len 512 --batch-size 4
+--model tinygpt-124m --seq-len 2048 --batch-size 1
+--model tinygpt-124m --seq-len 512 --batch-size 16
+--model tinygpt-124m --seq-len 512 --batch-size 16 --compile-scope blocks"} TAG=${TAG:-hostgraph} bash "$0" runs
   ;;
 runs)
   export CUDA_VISIBLE_DEVICES=${GPUS:-0}
