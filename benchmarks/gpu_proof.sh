@@ -92,8 +92,8 @@
 #   bash benchmarks/gpu_proof.sh peaklive  # memory by phase and what is alive at the step's peak, each line of PROBES
 #                                          #   (memory_probe.py key=value configurations; default: GPT-2 and
 #                                          #   Llama-3.2-1B, whole model against per block)
-#   bash benchmarks/gpu_proof.sh tracedsum # the whole graph's head gradient in place vs summed (vs_traced_sum.py, SHAPES),
-#                                          #   after the loss's GPU tests and its memory check against the summed form
+#   bash benchmarks/gpu_proof.sh tracedsum # the loss's GPU tests, its memory check against the head's gradient summed, then
+#                                          #   vs_traced_loss.py (SHAPES; SIDES: ours,ours-sum; ours-inplace; TESTS=0)
 #   bash benchmarks/gpu_proof.sh hostgraph # tunebench hw's host figure (3 times), then host-bound GPT-2 small runs, whole
 #                                          #   model and per block (RUNS, TAG): the host's figure against the steps
 set -uo pipefail
@@ -708,13 +708,15 @@ scopeprof)
   ;;
 tracedsum)
   export CUDA_VISIBLE_DEVICES=0
-  python3 -m pytest -q -p no:cacheprovider tests/test_loss.py 2>&1 | tail -2
-  echo "the memory check with the head's gradient summed out of place (the form before): it must fail"
-  python3 -c "import sys, pytest; from tunebench.engine import loss as L
+  if [ "${TESTS:-1}" = 1 ]; then
+    python3 -m pytest -q -p no:cacheprovider tests/test_loss.py 2>&1 | tail -2
+    echo "the memory check with the head's gradient summed out of place (the form before): it must fail"
+    python3 -c "import sys, pytest; from tunebench.engine import loss as L
 L._accumulate_in_graph = lambda acc, a, b: acc.add_((a @ b).float())
 sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_loss.py', '-k', 'in_place']))" 2>&1 | grep "assert\|passed\|failed"
-  python3 benchmarks/vs_traced_sum.py --shapes "${SHAPES:-llama-3.2-1b:4096:2,tinygpt-124m:2048:8}" \
-    --out "$OUT/traced_sum.json" 2>&1 | grep -v "^{" | tail -n 12
+  fi
+  python3 benchmarks/vs_traced_loss.py --shapes "${SHAPES:-llama-3.2-1b:4096:2,tinygpt-124m:2048:8}" \
+    --sides "${SIDES:-ours,ours-sum}" --out "$OUT/traced_sum.json" 2>&1 | grep -v "^{" | tail -n 16
   ;;
 peaklive)
   export CUDA_VISIBLE_DEVICES=0

@@ -29,6 +29,10 @@ LOSS_COMPILED_SINCE = "2026-11-22T15:35"
 WHOLE_GRAPH_MENDED = "2026-11-23T11:08"
 # one graph kept no fp32 head gradient from the forward before then: it summed every group's product at once
 HEAD_GRAD_IN_PLACE_SINCE = "2026-11-24T03:00"
+# one graph traced the loss's in-place softmax before then, which held one fp32 chunk of logits per chunk, up to
+# WHOLE_GRAPH_FP32_CHUNKS, beside the chunk's 16-bit logits (memory_probe.py --peak-live, H100)
+LOSS_PURE_IN_GRAPH_SINCE = "2026-11-24T04:00"
+WHOLE_GRAPH_FP32_CHUNKS = 4
 plan_memory = importlib.import_module("tunebench.plan.memory")  # the module (the package exports its function)
 plan_speed = importlib.import_module("tunebench.plan.speed")
 
@@ -39,6 +43,16 @@ def _head_grad_kept_before(w) -> float:
 
 
 HEAD_GRAD_KEPT = plan_memory.head_grad_kept
+
+
+def _loss_bytes_before_pure(w) -> int:
+    """plan.memory.loss_bytes_per_logit before LOSS_PURE_IN_GRAPH_SINCE."""
+    if w.whole_graph and w.fused_head:
+        return w.compute_bytes + 4 * min(-(-w.tokens // plan_memory.chunk_rows(w)), WHOLE_GRAPH_FP32_CHUNKS)
+    return LOSS_BYTES_PER_LOGIT(w)
+
+
+LOSS_BYTES_PER_LOGIT = plan_memory.loss_bytes_per_logit
 
 
 def _records(kind: str) -> list[ResultRecord]:
@@ -65,6 +79,8 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
             if r.created_at < LOSS_COMPILED_SINCE:
                 then.setattr(plan_memory, "loss_bytes_per_logit", lambda w: 12)
                 then.setattr(plan_speed, "LOSS_BYTES_PER_LOGIT", 30)  # the eager softmax's passes
+            elif r.created_at < LOSS_PURE_IN_GRAPH_SINCE:
+                then.setattr(plan_memory, "loss_bytes_per_logit", _loss_bytes_before_pure)
             if r.created_at < HEAD_GRAD_IN_PLACE_SINCE:
                 then.setattr(plan_memory, "head_grad_kept", _head_grad_kept_before)
             if r.created_at < PADDED_LOSS_SINCE:  # an odd vocabulary's head unpadded in the fused loss too
@@ -424,20 +440,16 @@ def test_a_slower_host_slows_a_host_bound_step_only():
     assert here.time.bound == "GPU" and 0.97 < there.tokens_per_s / here.tokens_per_s < 1.0
 
 
-def test_the_whole_graph_keeps_the_loss_chunks_in_fp32():
-    """One graph (memory_probe.py --peak-live on an H100): up to four chunks' fp32 logits at once (one per chunk:
-    fewer for fewer chunks), the head's fp32 gradient kept from the forward as per block (accumulated in place) once
-    a second group of chunks follows the first, a bf16 copy of each block's fp32 residual."""
-    from tunebench.plan.memory import WHOLE_GRAPH_FP32_CHUNKS
-
+def test_the_whole_graph_holds_the_loss_as_per_block():
+    """One graph (memory_probe.py --peak-live on an H100): the loss's chunks as per block (the softmax's pure form
+    traced), the tied weight cast twice, the head's fp32 gradient kept from the forward as per block (accumulated in
+    place) once a second group of chunks follows the first, a bf16 copy of each block's fp32 residual."""
     gpu = match("H100")
     cfg = RunConfig(model="tinygpt-124m", seq_len=2048, batch_size=8, compile=True, compile_scope="blocks")
     blocks, whole = (predict(c, gpu, 1).mem for c in (cfg, cfg.model_copy(update={"compile_scope": "model"})))
     w = workload(cfg.model_copy(update={"compile_scope": "model"}), 1)
-    chunk_logits = (2**26 // w.spec.vocab_size) * w.spec.vocab_size
     head = w.counts.head
-    assert blocks.item("loss chunk") - whole.item("loss chunk") == pytest.approx(
-        (10 - 2 - 4 * WHOLE_GRAPH_FP32_CHUNKS) * chunk_logits - 2 * head)  # tied: cast twice
+    assert whole.item("loss chunk") - blocks.item("loss chunk") == pytest.approx(2 * head)  # tied: cast twice
     per_block = 2 * w.spec.hidden_size * w.tokens * w.layers
     assert whole.item("activations") - blocks.item("activations") == pytest.approx(per_block)
     assert whole.peak_phase == blocks.peak_phase == "forward"
@@ -445,8 +457,7 @@ def test_the_whole_graph_keeps_the_loss_chunks_in_fp32():
                  for b in (1, 2))  # 2,048 tokens: two chunks, one group; 4,096: four chunks, two groups
     fp32_residual = 2 * 2048 * w.spec.hidden_size
     # the head's accumulator is allocated at the first group's end: at the forward's peak only where a second follows
-    assert four.item("loss chunk") - two.item("loss chunk") == pytest.approx(
-        2 * 4 * chunk_logits + fp32_residual + 4 * head)
+    assert four.item("loss chunk") - two.item("loss chunk") == pytest.approx(fp32_residual + 4 * head)
 
 
 def test_ddp_cuts_the_whole_graph_into_calls_of_their_own():

@@ -153,11 +153,12 @@ def _loss_and_grad(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: tor
                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Eagerly on a GPU, the softmax's passes over a chunk's fp32 logits (cast, logsumexp, subtract, exp, cast
     back: ~1 ms per 67M-element chunk on an H200, 16 chunks a step on Llama-3-8B) are one compiled pair of
-    kernels; elsewhere (the CPU) the in-place form runs. Inside a compiled graph (a whole model's) the in-place
-    form is traced too: with the pure form there GPT-2 small ran 6% slower on an H200 (375,827 against 399,482
-    tokens/s, 0.38 GiB less memory; benchmarks/RESULTS.md)."""
+    kernels; elsewhere (the CPU) the in-place form runs. Inside a compiled graph (a whole model's) the pure form
+    is traced: the in-place one kept up to four chunks' fp32 logits alive there, 0.62 GiB more for GPT-2 small and
+    Llama-3.2-1B at 8,192-16,384 tokens, for no speed (within 3% either way where GPU-bound, H100 and H200;
+    benchmarks/RESULTS.md)."""
     if torch.compiler.is_compiling():
-        return _loss_and_grad_eager(logits, y, vocab, valid, dtype)
+        return _loss_and_grad_pure(logits, y, vocab, valid, dtype)
     if logits.is_cuda:
         # chunks' row counts vary (the last one is partial): one graph for all, not one per count (dynamo stops
         # compiling after 8 and would run the pure form eagerly, with its fp32 temporaries)

@@ -29,11 +29,6 @@ GIB = 1 << 30
 # beyond eager recompute's one, and QLoRA's dequantized bf16 weights of the block (fitted on Mistral-7B LoRA and
 # QLoRA s512 b8 on an H200: +0.68 and +0.95 GiB)
 TRACED_EXTRA_BLOCKS = 1.25
-# The whole model compiled as one graph (Workload.whole_graph): the graph holds several chunks' fp32 logits at once,
-# one per chunk up to WHOLE_GRAPH_FP32_CHUNKS, beside one chunk's bf16 logits. What is alive at the peak
-# (benchmarks/memory_probe.py --peak-live, H100, GPT-2 small at 8,192 and 16,384 tokens, Llama-3.2-1B at 8,192): four
-# fp32 chunk-sized buffers and the bf16 logits; fitted on GPT-2 small's runs at 2,048-16,384 tokens (H100 and H200)
-WHOLE_GRAPH_FP32_CHUNKS = 4
 DS_BUCKET = int(5e8)  # strategies.zero: reduce / all-gather / prefetch bucket size, elements
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}
 # Measured (nvml used - reserved): CUDA context, kernels and workspaces; NCCL adds its buffers.
@@ -154,9 +149,6 @@ def loss_bytes_per_logit(w: Workload) -> int:
     GRAD_GROUP chunks beside them (engine.loss). A head the loss cannot fuse: chunks checkpointed, two fp32 chunks
     and two bf16 ones at once."""
     b = w.compute_bytes
-    if w.whole_graph and w.fused_head:
-        chunks = -(-w.tokens // chunk_rows(w))
-        return b + 4 * min(chunks, WHOLE_GRAPH_FP32_CHUNKS)
     return (2 * b + (b * GRAD_GROUP if w.head_trains else 0)) if w.fused_head else 12
 
 

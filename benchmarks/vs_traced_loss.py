@@ -1,13 +1,17 @@
-"""The whole-model graph's head gradient: accumulated in place by one opaque op (ours) against summed out of place
-(`ours-sum`, the form before: `acc + (a @ b).float()` traced, which inductor fused into one sum at the loss's end).
+"""The fused loss inside the whole-model graph, as the engine traces it (ours) against other forms of it.
+
+- `ours-sum`: the head's gradient summed out of place (`acc + (a @ b).float()`), the form before its opaque in-place
+  op: a plain traced `add_`, which dynamo functionalizes into the same graph. Inductor fused every group's sum into
+  one kernel at the loss's end.
+- `ours-inplace`: each chunk's softmax gradient in the in-place form traced (`_loss_and_grad_eager`, the CPU's), the
+  graph's form before the pure one (`_loss_and_grad_pure`, the one also compiled apart on GPUs).
 
 Each side is `tunebench.run` with the whole model compiled (`compile_scope: model`), in a process of its own, one
-after the other in this one job; `ours-sum` swaps the op for a plain traced `add_` (functionalized to the same graph
-as the form before). Prints tokens/s, peak memory and the last loss per side, and ours over the form before; our
-side's records are saved to the store TUNEBENCH_STORE names, if any.
+after the other in this one job. Prints tokens/s, peak memory and the last loss per side, and each against ours;
+our side's records are saved to the store TUNEBENCH_STORE names, if any.
 
-    python benchmarks/vs_traced_sum.py --shapes llama-3.2-1b:4096:2,tinygpt-124m:2048:8 [--out F.json]
-    python benchmarks/vs_traced_sum.py --device cpu --shapes tinygpt-124m:64:1 --steps 3 --warmup 1  # smoke
+    python benchmarks/vs_traced_loss.py --shapes llama-3.2-1b:4096:2,tinygpt-124m:2048:8 [--sides ours,ours-sum]
+    python benchmarks/vs_traced_loss.py --device cpu --shapes tinygpt-124m:64:1 --steps 3 --warmup 1  # smoke
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ sys.path.insert(0, str(HERE))
 
 from sides import add_arguments, as_side_process, chosen, run_side, save  # noqa: E402
 
-SIDES = ("ours", "ours-sum")
+SIDES = ("ours", "ours-sum", "ours-inplace")
 GIB = 2 ** 30
 
 
@@ -33,14 +37,28 @@ def ours(a: argparse.Namespace, side: str, _world: int) -> dict:
 
     if side == "ours-sum":  # traced, functionalized into `acc + product`: the sum the graph made before
         loss._accumulate_in_graph = lambda acc, x, y: acc.add_((x @ y).float())
+    if side == "ours-inplace":
+        loss._loss_and_grad = _in_place_in_graph(loss)
     cfg = RunConfig(model=a.model, method="full", seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
                     warmup=a.warmup, optimizer="adamw_fused", device=a.device, compile=True, compile_scope="model",
-                    telemetry=False, tag=["vs_traced_sum"])
+                    telemetry=False, tag=["vs_traced_loss"])
     rec = run(cfg, os.environ.get("TUNEBENCH_STORE") if side == "ours" else None)  # the engine's own runs kept
     m = rec.metrics
     return {"side": side, "model": a.model, "seq_len": a.seq_len, "batch_size": a.batch_size, "status": rec.status,
             "error": rec.error, "tokens_per_s": m.tokens_per_s, "loss_last": m.loss_last,
             "peak_alloc_gib": m.peak_mem_allocated_bytes / GIB if m.peak_mem_allocated_bytes else None}
+
+
+def _in_place_in_graph(loss):
+    engine = loss._loss_and_grad
+
+    def in_place(logits, y, vocab, valid, dtype):  # called by name from the loss's forward: the patch is traced
+        import torch
+
+        if torch.compiler.is_compiling():
+            return loss._loss_and_grad_eager(logits, y, vocab, valid, dtype)
+        return engine(logits, y, vocab, valid, dtype)
+    return in_place
 
 
 def not_plain(_a: argparse.Namespace) -> None:
@@ -71,20 +89,21 @@ def main() -> None:
 
 
 def summary(results: list[dict]) -> None:
-    print(f"\n{'shape':<24}{'side':<10}{'tokens/s':>12}{'peak GiB':>10}{'loss':>8}")
+    print(f"\n{'shape':<24}{'side':<11}{'tokens/s':>12}{'peak GiB':>10}{'loss':>8}")
     by = {(r["shape"], r["side"]): r for r in results if r.get("status") == "ok"}
     for r in results:
         if r.get("status") != "ok":
-            print(f"{r['shape']:<24}{r['side']:<10}  {r.get('status')}: {str(r.get('error'))[-300:]}")
+            print(f"{r['shape']:<24}{r['side']:<11}  {r.get('status')}: {str(r.get('error'))[-300:]}")
             continue
-        print(f"{r['shape']:<24}{r['side']:<10}{r['tokens_per_s']:>12,.0f}{r['peak_alloc_gib'] or 0:>10.2f}"
+        print(f"{r['shape']:<24}{r['side']:<11}{r['tokens_per_s']:>12,.0f}{r['peak_alloc_gib'] or 0:>10.2f}"
               f"{r['loss_last']:>8.3f}")
     for shape in dict.fromkeys(r["shape"] for r in results):
-        new, old = by.get((shape, "ours")), by.get((shape, "ours-sum"))
-        if new and old:
-            mem = (f", memory {new['peak_alloc_gib'] - old['peak_alloc_gib']:+.2f} GiB"
-                   if new["peak_alloc_gib"] and old["peak_alloc_gib"] else "")
-            print(f"{shape}: ours / sum tokens/s {new['tokens_per_s'] / old['tokens_per_s']:.3f}{mem}")
+        for other in SIDES[1:]:
+            ours, them = by.get((shape, "ours")), by.get((shape, other))
+            if ours and them:
+                mem = (f", memory {ours['peak_alloc_gib'] - them['peak_alloc_gib']:+.2f} GiB"
+                       if ours["peak_alloc_gib"] and them["peak_alloc_gib"] else "")
+                print(f"{shape}: ours / {other} tokens/s {ours['tokens_per_s'] / them['tokens_per_s']:.3f}{mem}")
 
 
 if __name__ == "__main__":
