@@ -35,6 +35,7 @@ LOSS_PURE_IN_GRAPH_SINCE = "2026-11-24T04:00"
 WHOLE_GRAPH_FP32_CHUNKS = 4
 plan_memory = importlib.import_module("tunebench.plan.memory")  # the module (the package exports its function)
 plan_speed = importlib.import_module("tunebench.plan.speed")
+HEAD_GRAD_KEPT, LOSS_BYTES_PER_LOGIT = plan_memory.head_grad_kept, plan_memory.loss_bytes_per_logit  # as they are now
 
 
 def _head_grad_kept_before(w) -> float:
@@ -42,17 +43,11 @@ def _head_grad_kept_before(w) -> float:
     return 0.0 if w.whole_graph else HEAD_GRAD_KEPT(w)
 
 
-HEAD_GRAD_KEPT = plan_memory.head_grad_kept
-
-
 def _loss_bytes_before_pure(w) -> int:
     """plan.memory.loss_bytes_per_logit before LOSS_PURE_IN_GRAPH_SINCE."""
     if w.whole_graph and w.fused_head:
         return w.compute_bytes + 4 * min(-(-w.tokens // plan_memory.chunk_rows(w)), WHOLE_GRAPH_FP32_CHUNKS)
     return LOSS_BYTES_PER_LOGIT(w)
-
-
-LOSS_BYTES_PER_LOGIT = plan_memory.loss_bytes_per_logit
 
 
 def _records(kind: str) -> list[ResultRecord]:

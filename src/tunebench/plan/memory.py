@@ -254,8 +254,7 @@ def memory(w: Workload) -> MemoryPlan:
                                                                                else "")),
                        Item("gradients", grads, "bf16 partition" if w.deepspeed else "bf16" if w.pure else "fp32"),
                        Item("activations", acts, act.note),
-                       Item("loss chunk", loss_transient + kept_loss, "one chunk's logits, several fp32 copies in "
-                            "the graph" if w.whole_graph else "logits of one chunk; the head's gradient")]
+                       Item("loss chunk", loss_transient + kept_loss, "logits of one chunk; the head's gradient")]
     items += working
     plan = MemoryPlan(items, {"forward": forward, "backward": backward, "step": step}, act, paged)
     if w.offloaded:  # fp32 master weights, Adam's two moments and the fp32 gradients of the partition
