@@ -146,10 +146,15 @@ def _backward_buffers(w: Workload) -> float:
 def loss_bytes_per_logit(w: Workload) -> int:
     """Bytes the loss holds per logit of one chunk at its peak. On a GPU: the chunk's logits and their gradient in
     the compute dtype (the softmax compiled, no fp32 copy), and for a trained head the gradient of a group of
-    GRAD_GROUP chunks beside them (engine.loss). A head the loss cannot fuse: chunks checkpointed, two fp32 chunks
-    and two bf16 ones at once."""
+    GRAD_GROUP chunks beside them (engine.loss). In one graph a chunk's gradient is written straight into its
+    group's (memory_probe.py --peak-live, H100, GPT-2 small at 8,192 and 16,384 tokens: one group's gradient and one
+    chunk's logits). A head the loss cannot fuse: chunks checkpointed, two fp32 chunks and two bf16 ones at once."""
     b = w.compute_bytes
-    return (2 * b + (b * GRAD_GROUP if w.head_trains else 0)) if w.fused_head else 12
+    if not w.fused_head:
+        return 12
+    if w.whole_graph and w.head_trains:
+        return b + b * GRAD_GROUP
+    return 2 * b + (b * GRAD_GROUP if w.head_trains else 0)
 
 
 def chunk_rows(w: Workload) -> int:
