@@ -178,9 +178,8 @@ def _loss(w: Workload) -> tuple[float, float, float]:
     # one graph allocates the accumulator where it is first written, after the first group of chunks: the forward's
     # peak, among the chunks' logits, holds it only where a second group follows (GPT-2 small at 2,048 tokens, one
     # group: the same peak with and without it, H100 and H200)
-    if w.whole_graph and tokens <= chunk * GRAD_GROUP:
-        return 0.0, transient, backward
-    return kept, transient, backward
+    at_peak = 0.0 if w.whole_graph and tokens <= chunk * GRAD_GROUP else kept
+    return at_peak, transient, backward
 
 
 def head_grad_kept(w: Workload) -> float:
