@@ -96,6 +96,10 @@
 #                                          #   vs_traced_loss.py (SHAPES; SIDES: ours,ours-sum; ours-inplace; TESTS=0)
 #   bash benchmarks/gpu_proof.sh hostgraph # tunebench hw's host figure (3 times), then host-bound GPT-2 small runs, whole
 #                                          #   model and per block (RUNS, TAG): the host's figure against the steps
+#   bash benchmarks/gpu_proof.sh hostprof  # SHAPES' steps: the host's side (cProfile, CUDA events), then kernels by kind
+#   bash benchmarks/gpu_proof.sh cgraphs   # the whole graph replayed as CUDA graphs: its GPU tests (the accumulation
+#                                          #   test broken on purpose must fail; BROKEN=0 skips), a train job with and
+#                                          #   without them (TRAINS: each job's flags joined by commas; none: no job)
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -468,6 +472,37 @@ f8traced)
   python3 benchmarks/vs_hf_trainer.py --method ${METHOD:-qlora} --model mistral-7b --seq-len 512 --batch-size 8 \
     --steps 24 --warmup 8 --ours ${OURS:-ckpt/f8,ckpt/f8/around} --profile "${PROFILE:-}" \
     --out "$OUT/f8traced_${METHOD:-qlora}${NAME:-}.json" 2>&1 | tail -n ${TAIL:-12}
+  ;;
+cgraphs)
+  # CUDA graphs for the whole graph: its GPU tests, then the accumulation test with gradients taken from the graph's
+  # memory (grads_kept off: it must fail), then a train job from scratch with and without them (BROKEN=0 skips)
+  export CUDA_VISIBLE_DEVICES=0 TUNEBENCH_CACHE=/tmp/tbcache
+  python3 -m pytest -q -rf -p no:cacheprovider tests/test_compile.py -k "cuda_graphs or kept or whole_model_compile" \
+    2>&1 | grep -E "^FAILED|^E  |passed|failed" | head -20
+  if [ "${BROKEN:-1}" = 1 ]; then
+    sed -i 's/grads_kept=kept)/grads_kept=False)/' src/tunebench/strategies/single.py
+    python3 -m pytest -q -p no:cacheprovider tests/test_compile.py -k "cuda_graphs_train" 2>&1 \
+      | grep -E "^E .*(assert|Expected|Obtained)|passed|failed" | head -6
+    sed -i 's/grads_kept=False)/grads_kept=kept)/' src/tunebench/strategies/single.py
+  fi
+  [ "${TRAINS:-}" = none ] && exit 0
+  python3 benchmarks/stdlib_corpus.py /tmp/corpus --vocab 32000 > /dev/null
+  C="--model tinygpt-124m --tokenizer /tmp/corpus/tokenizer --data /tmp/corpus/stdlib.jsonl --seq-len 1024"
+  C="$C --batch-size 4 --grad-accum 2 --max-steps 120 --lr 1e-3 --warmup-steps 20 --eval-fraction 0.02"
+  C="$C --eval-every 60 --eval-batches 10 --log-every 60 --tag cgraphs"
+  for g in ${TRAINS:-"--cuda-graphs" "--no-cuda-graphs"}; do  # TRAINS: each one job's extra flags, one word each
+    echo "== train ${g//,/ }"; tb train $C ${g//,/ } --output-dir "/tmp/cg$g" 2>&1 | grep -E "^train:|tokens/s  |rror"
+  done
+  tb results export --format jsonl -o "$OUT/cgraphs.jsonl" > /dev/null
+  ;;
+hostprof)  # each of SHAPES: the host's side of its step (profile_trace.py --host), then its kernels by kind
+  export CUDA_VISIBLE_DEVICES=0
+  while IFS= read -r shape; do
+    [ -n "$shape" ] || continue
+    echo "HOST $shape"
+    timeout 200 python3 benchmarks/profile_trace.py --host $shape 2>&1 | grep -v "Warning\|^  \"\"\"" | head -${TOP:-40}
+    timeout 200 python3 benchmarks/profile_trace.py $shape 2>&1 | tail -1
+  done <<< "${SHAPES:---model tinygpt-124m --method full --seq-len 512 --batch-size 1}" | tee "$OUT/hostprof.txt"
   ;;
 f8runs)
   export CUDA_VISIBLE_DEVICES=${GPUS:-0}

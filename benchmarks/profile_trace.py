@@ -3,6 +3,7 @@
     PROFILE_TRACE=trace.json python benchmarks/profile_trace.py --model mistral-7b --method qlora --seq-len 512 \\
         --batch-size 8 --no-grad-ckpt --optimizer paged_adamw_8bit
     python benchmarks/profile_trace.py --gaps trace.json   # the GPU's idle time, by the host op it waited on
+    python benchmarks/profile_trace.py --host --model tinygpt-124m --seq-len 512 --batch-size 1  # the host's side
 
 Any `tunebench run` option is taken (RunConfig's fields). The step is built from the runner's pieces as `run` builds
 it (vs_plain_gpt._our_step); 3 steps run first, then 5 are profiled.
@@ -58,11 +59,47 @@ def gaps(path: str, top: int = 25) -> None:
         print(f"{us / 1e3:9.2f} ms  {name}")
 
 
+def host(step, steps: int = 20, top: int = 25) -> None:
+    """The host's side of `steps` steps, without the CUDA profiler: wall and GPU time a step (CUDA events), then
+    the Python functions that took the host's time (cProfile, by own time)."""
+    import cProfile
+    import pstats
+    import time
+
+    import torch
+
+    from vs_plain_gpt import PROFILE_WARMUP
+
+    for _ in range(PROFILE_WARMUP + 3):  # compiled, and CUDA graphs recorded
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    issued = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    print(f"{wall / steps * 1e3:.2f} ms a step, host issued it in {issued / steps * 1e3:.2f} ms "
+          f"(the GPU's span {start.elapsed_time(end) / steps:.2f} ms)")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--gaps"]:
         return gaps(sys.argv[2])
     from vs_plain_gpt import _our_step, profile
 
+    if sys.argv[1:2] == ["--host"]:
+        return host(_our_step(config_from_args(sys.argv[2:])))
     p = profile(_our_step(config_from_args(sys.argv[1:])))
     print(json.dumps(p))
 

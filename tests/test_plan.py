@@ -21,6 +21,9 @@ from tunebench.record import ResultRecord
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
 MEMORY_GOAL, SPEED_GOAL = 0.05, 0.15
+# The largest error allowed a throughput prediction; looser where the planner says the host bounds the step: the
+# host's speed moves from lease to lease (GPT-2 small s512 b16 compiled whole on H100s: 265,172-354,183 tokens/s)
+SPEED_BOUND, HOST_BOUND_SPEED_BOUND = 0.25, 0.30
 PADDED_LOSS_SINCE = "2026-11-22T03:40"  # GPU runs from then on pad GPT-2's 50,257-row head in the loss
 FUSED_4BIT_SINCE = "2026-11-22T13:45"  # QLoRA blocks keeping matmuls keep the 4-bit ones too (models.nf4) from then
 # the loss's softmax compiled on GPUs from then (engine.loss): before, it held 12 bytes per logit of a chunk
@@ -32,6 +35,8 @@ HEAD_GRAD_IN_PLACE_SINCE = "2026-11-24T03:00"
 # one graph traced the loss's in-place softmax before then, which held one fp32 chunk of logits per chunk, up to
 # WHOLE_GRAPH_FP32_CHUNKS, beside the chunk's 16-bit logits (memory_probe.py --peak-live, H100)
 LOSS_PURE_IN_GRAPH_SINCE = "2026-11-24T04:00"
+# runs replaying CUDA graphs reported the allocator's allocated peak before then, which leaves out the graphs' pools
+GRAPH_POOLS_COUNTED_SINCE = "2026-11-24T06:30"
 WHOLE_GRAPH_FP32_CHUNKS = 4
 plan_memory = importlib.import_module("tunebench.plan.memory")  # the module (the package exports its function)
 plan_speed = importlib.import_module("tunebench.plan.speed")
@@ -66,7 +71,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
     hw = [(match(r.environment["gpu"]["name"]), r.id[:12], r.metrics.model_dump()) for r in newest_first]
     runs = [r for r in _records("train") if r.status == "ok" and r.environment.get("device") == "cuda"]
     assert len(runs) >= 50
-    mem_err, tps_err, lines = [], [], []
+    mem_err, tps_err, tps_over, lines = [], [], [], []
     cold = apart = 0
     for r in runs:
         gpu = match(r.environment["gpu"]["name"])
@@ -104,8 +109,9 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         # ZeRO-3 with QLoRA: the memory of DeepSpeed's gathering of the packed 4-bit base is not modelled (plan
         # says so); its speed is
         zero3_qlora = r.config.get("strategy") == "zero3" and r.config["method"] == "qlora"
+        uncounted = bool(r.metrics.cuda_graphs) and r.created_at < GRAPH_POOLS_COUNTED_SINCE
         apart += whole
-        if not whole and not float8 and not zero3_qlora:
+        if not whole and not float8 and not zero3_qlora and not uncounted:
             mem_err.append(abs(em))
         # tune trials of the first tunes ran 3 warmup steps: not yet steady (the same DDP configuration ran
         # 36% slower than in a full run); their throughput is shown, not held to the goal
@@ -113,6 +119,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         cold += short
         if not short and not whole:
             tps_err.append(abs(et))
+            tps_over.append(abs(et) / (HOST_BOUND_SPEED_BOUND if p.time.bound == "host" else SPEED_BOUND))
         c = r.config
         compiled = r.metrics.compile_scope or c["compile"] is True  # records before compile_scope: the flag
         lines.append(f"{gpu.name:9} {c['model']:13} {c['method']:5} {c.get('strategy', 'single'):6} "
@@ -125,7 +132,8 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
                      f"{'  (before the 4-bit layers kept their matmuls)' if before else ''}"
                      f"{'  (not modelled: whole-model compile, padded GPT-2 loss still eager)' if whole and not before else ''}"
                      f"{'  (QLoRA under ZeRO-3: memory not modelled)' if zero3_qlora else ''}"
-                     f"{'  (float8: memory predicted as bf16)' if float8 else ''}")
+                     f"{'  (float8: memory predicted as bf16)' if float8 else ''}"
+                     f"{'  (CUDA graphs: their pools left out of the memory measured)' if uncounted else ''}")
     within_mem = sum(e <= MEMORY_GOAL for e in mem_err)
     within_tps = sum(e <= SPEED_GOAL for e in tps_err)
     with capsys.disabled():
@@ -136,7 +144,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
     assert within_mem >= 0.9 * len(mem_err)
-    assert max(tps_err) <= 0.25, "a throughput prediction is off by more than 25%"
+    assert max(tps_over) <= 1, "a throughput prediction is off by more than 25% (30% where the host bounds it)"
     assert within_tps >= 0.9 * len(tps_err)
 
 
@@ -410,13 +418,18 @@ def test_a_job_matches_only_benchmarks_of_its_compile_scope():
     assert scope_made(job.model_copy(update={"grad_ckpt": True})).compile_scope == "blocks"
     assert scope_made(job.model_copy(update={"compile": False})).compile_scope == "auto"
 
-    def stored(ran: str) -> dict:
+    def stored(ran: str, graphs: bool | None = None) -> dict:
         r = SimpleNamespace(config=job.model_copy(update={"compile": "auto"}).model_dump(),
-                            metrics=SimpleNamespace(precision="bf16", compile_scope=ran))
+                            metrics=SimpleNamespace(precision="bf16", compile_scope=ran, cuda_graphs=graphs))
         return what_ran(r)
-    key = workload_key(RunConfig, scope_made(job.model_copy(update={"precision": "bf16"})).model_dump())
-    assert workload_key(RunConfig, stored("model")) == key
+    # the job as preflight makes it on a GPU: bf16, its whole graph replayed as CUDA graphs (cuda_graphs auto)
+    ran = job.model_copy(update={"precision": "bf16", "cuda_graphs": True})
+    key = workload_key(RunConfig, scope_made(ran).model_dump())
+    assert workload_key(RunConfig, stored("model", True)) == key
+    assert workload_key(RunConfig, stored("model")) != key  # its kernels launched one by one: another engine
     assert workload_key(RunConfig, stored("blocks")) != key
+    launched = workload_key(RunConfig, scope_made(ran.model_copy(update={"cuda_graphs": False})).model_dump())
+    assert workload_key(RunConfig, stored("model")) == launched
 
 
 def test_a_slower_host_slows_a_host_bound_step_only():
@@ -457,13 +470,32 @@ def test_the_whole_graph_holds_the_loss_as_per_block():
     assert four.item("loss chunk") - two.item("loss chunk") == pytest.approx(fp32_residual + 4 * head)
 
 
+def test_cuda_graphs_leave_the_host_its_bookkeeping_only():
+    """Replayed as CUDA graphs (cuda_graphs auto, one GPU), the whole graph's host time per block drops from the
+    launches' to the replays' bookkeeping: a host-bound step speeds up, a GPU-bound one hardly; the pools cost a
+    little memory."""
+    from tunebench.plan.memory import CUDA_GRAPH_POOL_SLACK
+    from tunebench.plan.speed import CUDA_GRAPH_HOST_PER_BLOCK, WHOLE_GRAPH_HOST_PER_BLOCK
+
+    gpu = match("H100")
+    for shape, faster in (({"seq_len": 1024, "batch_size": 1, "grad_accum": 4}, 1.5), ({"seq_len": 2048,
+                                                                                       "batch_size": 8}, 1.0)):
+        cfg = RunConfig(model="tinygpt-124m", **shape)
+        replayed, launched = predict(cfg, gpu, 1), predict(cfg.model_copy(update={"cuda_graphs": False}), gpu, 1)
+        assert replayed.cfg.cuda_graphs is True and launched.cfg.cuda_graphs is False
+        assert replayed.time.parts["host"] / launched.time.parts["host"] == pytest.approx(
+            CUDA_GRAPH_HOST_PER_BLOCK / WHOLE_GRAPH_HOST_PER_BLOCK)
+        assert faster <= replayed.tokens_per_s / launched.tokens_per_s < faster + 2
+        assert replayed.mem.peak_allocated - launched.mem.peak_allocated == pytest.approx(CUDA_GRAPH_POOL_SLACK)
+
+
 def test_ddp_cuts_the_whole_graph_into_calls_of_their_own():
     """Under DDP dynamo cuts the whole graph where buckets end (measured at one rank as at two: not communication):
     its host time per block grows by DDP_WHOLE_GRAPH_HOST_PER_BLOCK; per block compiled, DDP costs no host time."""
     from tunebench.plan.speed import DDP_WHOLE_GRAPH_HOST_PER_BLOCK, WHOLE_GRAPH_HOST_PER_BLOCK
 
     gpu = match("H200")
-    whole = RunConfig(model="tinygpt-124m", seq_len=512, batch_size=4, compile=True)
+    whole = RunConfig(model="tinygpt-124m", seq_len=512, batch_size=4, compile=True, cuda_graphs=False)
     alone, ddp = (predict(whole.model_copy(update={"strategy": s}), gpu, 1).time.parts["host"] for s in ("single", "ddp"))
     assert ddp / alone == pytest.approx((WHOLE_GRAPH_HOST_PER_BLOCK + DDP_WHOLE_GRAPH_HOST_PER_BLOCK)
                                         / WHOLE_GRAPH_HOST_PER_BLOCK)

@@ -66,6 +66,7 @@ def compiled(m: Any) -> str:
     if not m.compile_scope:
         return "eager"
     return f"compiled per {'block' if m.compile_scope == 'blocks' else 'model'}" + (
+        ", CUDA graphs" if m.cuda_graphs else "") + (
         f" in {m.compile_s:.1f} s" if m.compile_s is not None else "")
 
 

@@ -152,6 +152,7 @@ class TrainMetrics(BaseModel):
     setup_s: float | None = None  # start of the run to its first step, plus compile_s
     compile_s: float | None = None  # torch.compile's time (in the untimed first steps); None when eager
     compile_scope: str | None = None  # what compile ran as: "blocks" or "model"; None when eager
+    cuda_graphs: bool | None = None  # True: the whole model's graph was replayed as CUDA graphs
     loss_first: float | None = None
     loss_last: float | None = None
     losses: list[float] = Field(default_factory=list)

@@ -34,6 +34,8 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
         raise invalid("seq_len", cfg.seq_len, f"above the model's maximum of {spec.max_positions} positions")
     if device.type == "cpu" and cfg.precision == "fp16":
         raise invalid("precision", "fp16", "fp16 training is not supported on the CPU (use bf16 or fp32)")
+    if device.type == "cpu" and cfg.cuda_graphs is True:
+        raise invalid("cuda_graphs", "true", "CUDA graphs need a CUDA GPU (use cuda_graphs auto or false)")
     if device.type == "cpu" and cfg.attn == "flash":
         raise invalid("attn", "flash", "flash attention needs a CUDA GPU (use sdpa)")
     nproc = nproc_per_node(cfg, device)

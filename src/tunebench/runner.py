@@ -80,6 +80,7 @@ class Outcome:
     flops: FlopsPerToken | None = None
     setup_s: float | None = None
     compile_scope: str | None = None  # what ran: None (eager), "blocks" or "model"
+    cuda_graphs: bool = False  # the whole model's graph replayed as CUDA graphs
     weights: str | None = None
     params_total: int | None = None
     params_trainable: int | None = None
@@ -142,7 +143,8 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
                                 recomputed_share(blocks), head_recompute=not fused)
     module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
     if scope == "model":  # embeddings, blocks, final norm and the loss: one graph, fused across block edges
-        module.compile()
+        out.cuda_graphs = cfg.cuda_graphs is True  # its passes replayed: one launch each, not one per kernel
+        module.compile(**({"mode": "reduce-overhead"} if out.cuda_graphs else {}))
     materialize = functools.partial(meta.materialize, module, device, cfg.seed) if meta else None
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size, materialize))
 
@@ -216,7 +218,8 @@ def attempt(plan: Plan, work: Callable[[Outcome, float], None], started: float |
             raise  # let this rank die now: torchrun stops the others, the launcher records why
         rec.status, rec.error = failure(err)
     mine = rank_figures(ctx.rank, socket.gethostname(), out.loop.step_times, out.loop.wall_s,
-                        cfg.batch_size * cfg.grad_accum, cfg.seq_len, peak_memory(device), out.loop.telemetry)
+                        cfg.batch_size * cfg.grad_accum, cfg.seq_len, peak_memory(device, out.cuda_graphs),
+                        out.loop.telemetry)
     if on_rank_figures:
         on_rank_figures(mine)
     peak = peak_flops(env["gpu"]["name"]) if device.type == "cuda" else None
@@ -227,6 +230,7 @@ def attempt(plan: Plan, work: Callable[[Outcome, float], None], started: float |
         rec.metrics.compile_s = (compile_seconds() or 0.0) - compiled_before
         rec.metrics.setup_s = (out.setup_s or 0.0) + rec.metrics.compile_s
     rec.metrics.compile_scope = out.compile_scope
+    rec.metrics.cuda_graphs = out.cuda_graphs or None
     rec.metrics.params_total, rec.metrics.params_trainable = out.params_total, out.params_trainable
     rec.metrics.nnodes, rec.metrics.precision, rec.metrics.job = ctx.nnodes, cfg.precision, out.job
     rec.metrics.stopped_early = out.loop.abandoned or None

@@ -109,12 +109,14 @@ def scope_made(cfg: RunConfig) -> RunConfig:
 
 
 def what_ran(r: ResultRecord) -> dict:
-    """A stored run's config with its 'auto' choices as they were made (precision, compile)."""
+    """A stored run's config with its 'auto' choices as they were made (precision, compile, CUDA graphs)."""
     ran = r.config | {"precision": r.metrics.precision or r.config.get("precision")}
     if r.config.get("compile") == "auto":
         ran["compile"] = bool(r.metrics.compile_scope)
     if r.metrics.compile_scope and r.config.get("compile_scope", "auto") == "auto":
         ran["compile_scope"] = r.metrics.compile_scope  # what auto chose then (it has changed since)
+    if r.config.get("cuda_graphs", "auto") == "auto":
+        ran["cuda_graphs"] = bool(r.metrics.cuda_graphs)  # none before the field: eager launches
     return ran
 
 

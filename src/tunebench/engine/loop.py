@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from tunebench.dist import SINGLE, DistContext
+from tunebench.metrics.memory import mark_timed
 from tunebench.metrics.telemetry import Telemetry
 from tunebench.metrics.timer import StepTimer
 from tunebench.record import GpuTelemetry
@@ -119,6 +120,7 @@ def run_loop(step: Callable[[], torch.Tensor], spec: LoopSpec, device: torch.dev
         if i == spec.start + spec.warmup:
             ctx.barrier()  # every rank starts the timed region together
             timer.start()
+            mark_timed(device)
             if telemetry:
                 telemetry.start()
         reader.queue(i, step())

@@ -75,9 +75,19 @@ def attention_kernels(cfg: RunConfig, device: torch.device) -> Iterator[None]:
 
 def torch_step(module: torch.nn.Module, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
                cfg: RunConfig, device: torch.device,
-               no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> TrainStep:
-    """The step of the PyTorch strategies (single, DDP, FSDP2); `no_sync` skips gradient reduction."""
+               no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+               grads_kept: bool = False) -> TrainStep:
+    """The step of the PyTorch strategies (single, DDP, FSDP2); `no_sync` skips gradient reduction.
+
+    `grads_kept`: every gradient exists from the start and is zeroed in place, never freed. A CUDA graph's
+    backward writes its gradients into the graph's own memory, and autograd takes a first gradient as the
+    parameter's .grad without a copy: the next micro-batch's replay would overwrite it before it is added to
+    (PyTorch's cudagraph trees with accumulation: the sum came out as the last micro-batch's alone). With the
+    gradient already there, autograd adds each micro-batch's into it."""
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    if grads_kept:
+        for p in params:
+            p.grad = torch.zeros_like(p)
     saving = activation_offload(cfg.offload, device, module)  # where the forward's saved activations wait
 
     def micro(batch: Batch, sync: bool) -> torch.Tensor:
@@ -97,7 +107,7 @@ def torch_step(module: torch.nn.Module, params: list[torch.nn.Parameter], optimi
             scaler.update()
         else:
             optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not grads_kept)
 
     return TrainStep(micro, update, module, optimizer)
 

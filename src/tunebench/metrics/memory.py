@@ -8,10 +8,43 @@ import sys
 
 import torch
 
+# The allocator's peaks before the timed steps (compile, warm-up, CUDA graphs' recording), per device index
+_before_timed: dict[int, tuple[int, int]] = {}
+
 
 def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
+        _before_timed.pop(_index(device), None)
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def mark_timed(device: torch.device) -> None:
+    """The timed steps begin: the peaks so far are kept aside and the allocator's start anew, so that the steady
+    state's can be told apart from the warm-up's (peak_memory)."""
+    if device.type == "cuda":
+        _before_timed[_index(device)] = (torch.cuda.max_memory_allocated(device),
+                                         torch.cuda.max_memory_reserved(device))
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def graph_pool_bytes(device: torch.device) -> int:
+    """Bytes held by CUDA graphs' private memory pools on `device`. A recorded graph's tensors live there, and
+    its replays allocate nothing: the allocator's allocated figure no longer counts them, its reserved one does."""
+    index = _index(device)
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if s.get("device", index) == index and tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
+
+
+def peak_allocated(device: torch.device, graph_pools: bool = False) -> int:
+    """The allocator's peak since the last reset_peak; with `graph_pools` (the step replays CUDA graphs) the
+    timed steps' peak counts the graphs' pools in full, as if every tensor in them were alive (an upper bound:
+    the replays hold that memory, whatever part of it is in use at the peak)."""
+    steady = torch.cuda.max_memory_allocated(device) + (graph_pool_bytes(device) if graph_pools else 0)
+    return max(steady, _before_timed.get(_index(device), (0, 0))[0])
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def nvml_used_bytes(device: torch.device) -> int | None:
@@ -29,12 +62,14 @@ def nvml_used_bytes(device: torch.device) -> int | None:
         return None
 
 
-def peak_memory(device: torch.device) -> dict[str, int | None]:
+def peak_memory(device: torch.device, graph_pools: bool = False) -> dict[str, int | None]:
+    """Peaks since reset_peak (`graph_pools`: see peak_allocated)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out: dict[str, int | None] = {"peak_rss_bytes": rss if sys.platform == "darwin" else rss * 1024}
     if device.type == "cuda":
-        out["peak_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        out["peak_mem_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+        out["peak_mem_allocated_bytes"] = peak_allocated(device, graph_pools)
+        out["peak_mem_reserved_bytes"] = max(torch.cuda.max_memory_reserved(device),
+                                             _before_timed.get(_index(device), (0, 0))[1])
         out["nvml_mem_used_bytes"] = nvml_used_bytes(device)
     return out
 

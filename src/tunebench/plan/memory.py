@@ -33,6 +33,10 @@ DS_BUCKET = int(5e8)  # strategies.zero: reduce / all-gather / prefetch bucket s
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}
 # Measured (nvml used - reserved): CUDA context, kernels and workspaces; NCCL adds its buffers.
 CONTEXT_BYTES = {1: int(1.45 * GIB), "nccl": int(2.1 * GIB), "nccl-multi": int(2.4 * GIB)}
+# cuda_graphs: runs count the graphs' private pools in full (metrics.memory.peak_allocated), their tensors alive or
+# not, and the pools are nobody else's to reuse; fitted on GPT-2 small on an H100 (s512 b1, s2048 b1, s512 b4 x 4,
+# s512 b16: 0.04-0.31 GiB above the launched kernels' peak, or the model's)
+CUDA_GRAPH_POOL_SLACK = 0.15 * GIB
 # Measured reserve (reserved / allocated - 1), per strategy: FSDP2's all-gathers on their own stream fragment most.
 RESERVE_FRACTION = {"single": 0.08, "ddp": 0.06, "fsdp": 0.3, "zero2": 0.15, "zero3": 0.2}
 
@@ -254,12 +258,16 @@ def memory(w: Workload) -> MemoryPlan:
         root = w.counts.embeddings + (0 if w.counts.tied else w.counts.head)
         backward = max(backward, persistent + grads + (2 * root + 4 * w.counts.per_block) * w.full)
     step = persistent + grads + _step_temps(w)
+    pools = CUDA_GRAPH_POOL_SLACK if w.cuda_graphs else 0.0
+    forward, backward, step = forward + pools, backward + pools, step + pools
     items = weights + [Item("optimizer states", opt + paged, w.cfg.optimizer + (" (paged: managed memory)" if paged
                                                                                else "")),
                        Item("gradients", grads, "bf16 partition" if w.deepspeed else "bf16" if w.pure else "fp32"),
                        Item("activations", acts, act.note),
                        Item("loss chunk", loss_transient + kept_loss, "logits of one chunk; the head's gradient")]
     items += working
+    if pools:
+        items.append(Item("CUDA graphs' pools", pools, "beyond what their tensors need (cuda_graphs)"))
     plan = MemoryPlan(items, {"forward": forward, "backward": backward, "step": step}, act, paged)
     if w.offloaded:  # fp32 master weights, Adam's two moments and the fp32 gradients of the partition
         plan.host_bytes = 16 * w.trainable / w.sharded

@@ -99,6 +99,10 @@ WHOLE_GRAPH_HOST_PER_BLOCK = 1.6e-3
 # tokens on two ranks (GPU work about 10 and 20 ms). Dynamo cuts a DDP model's graph where its buckets end, each
 # piece its own call: taken per block, fitted on the two-rank records (measured with GPT-2 small only)
 DDP_WHOLE_GRAPH_HOST_PER_BLOCK = 1.2e-3
+# ... unless its passes are replayed as CUDA graphs (cuda_graphs): one launch a pass; what the host still does grows
+# with the blocks (the graph's outputs checked for liveness and rebuilt, autograd taking each gradient), per block
+# and micro-batch
+CUDA_GRAPH_HOST_PER_BLOCK = 0.6e-3
 # Of the shorter of GPU and host time, what still shows (launch gaps); ZeRO-3 waits for each gathered weight.
 LAUNCH_GAPS = {"zero3": 0.45}
 LAUNCH_GAPS_DEFAULT = 0.1
@@ -180,6 +184,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
 
 
 def _host(w: Workload) -> float:
+    if w.cuda_graphs:
+        return w.cfg.grad_accum * w.layers * CUDA_GRAPH_HOST_PER_BLOCK
     if w.whole_graph:
         ddp = DDP_WHOLE_GRAPH_HOST_PER_BLOCK if w.strategy.name == "ddp" else 0.0
         return w.cfg.grad_accum * w.layers * (WHOLE_GRAPH_HOST_PER_BLOCK + ddp)

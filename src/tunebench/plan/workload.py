@@ -92,6 +92,11 @@ class Workload:
         return self.strategy.compile_scope(self.cfg) == "model"
 
     @property
+    def cuda_graphs(self) -> bool:
+        """The whole graph's passes replayed as CUDA graphs (cuda_graphs, made concrete for a GPU)."""
+        return self.whole_graph and self.cfg.cuda_graphs is True
+
+    @property
     def fusable_4bit(self) -> bool:
         """QLoRA's 4-bit linears can be plain ops in a compiled block (models.nf4: uint8 weights, i.e. not under
         FSDP2 or DeepSpeed, which store them in another dtype)."""

@@ -13,19 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
+from tunebench.config.run import whole_model_by_default
 from tunebench.errors import UserError, require
 
 METHODS = ("full", "lora", "qlora")
-
-
-def whole_model_by_default(cfg: RunConfig) -> bool:
-    """compile_scope=auto compiles the whole model where that was measured faster at little cost in memory: full
-    fine-tuning without checkpointing (on an H200, GPT-2 small whole 390,002 tokens/s at 8.51 GiB, 1.00x a plain
-    torch.compile script; per block 340-368k at 7.83 GiB in other jobs; Llama-3.2-1B's and DDP's whole-model
-    figures came from runs with a zero loss gradient, withdrawn, not re-measured). Per block elsewhere: under
-    checkpointing one graph no longer holds to a block's input (Mistral-7B QLoRA 6.2 -> 15.7 GiB), a LoRA/QLoRA
-    base's whole graph kept a third more memory for 6%, and float8 and offload were not measured so."""
-    return cfg.method == "full" and not cfg.grad_ckpt and cfg.float8 == "off" and cfg.offload == "none"
 
 
 def compiles_whole_model(cfg: RunConfig) -> bool:
@@ -103,6 +94,8 @@ class Strategy:
         if cfg.compile and cfg.compile_scope == "model" and not self.whole_compile:
             raise UserError(f"invalid compile_scope=model with strategy={self.name}: its hooks run between blocks; "
                             "use compile_scope=blocks (or strategy=single or ddp)")
+        if cfg.cuda_graphs is True:
+            self._check_cuda_graphs(cfg)
         if self.deepspeed and cfg.precision == "bf16-pure":
             raise UserError(f"invalid precision=bf16-pure with strategy={self.name}: DeepSpeed's bf16 mode keeps fp32 "
                             "master weights in its optimizer; use precision=bf16 (it already computes in bf16)")
@@ -140,6 +133,23 @@ class Strategy:
                                 "them (groups of shard_size processes, each a replica of the model states)")
         if self.deepspeed and packages:
             require("deepspeed", f"strategy={self.name}", "pip install --no-build-isolation deepspeed")
+
+    def _check_cuda_graphs(self, cfg: RunConfig) -> None:
+        """cuda_graphs=true replays one graph of the whole model in one process: nothing else was built or measured
+        (per-block graphs left CUDA graphs' fast path on an H200, no gain; under DDP its hooks run between the
+        graph's pieces)."""
+        why = None
+        if self.name != "single":
+            why = f"with strategy={self.name}: CUDA graphs replay the whole model's graph in one process (single)"
+        elif cfg.compile is False:
+            why = "with compile=false: CUDA graphs replay the compiled graph (use compile on or auto)"
+        elif self.compile_scope(cfg.model_copy(update={"compile": True})) != "model":
+            why = (f"with compile_scope={cfg.compile_scope}: CUDA graphs replay the whole model as one graph (use "
+                   "compile_scope=model); per-block graphs measured no faster so")
+        elif cfg.offload != "none":
+            why = f"with offload={cfg.offload}: its copies to host memory run from Python, between the kernels"
+        if why:
+            raise UserError(f"invalid cuda_graphs=true {why}")
 
     def wrap(self, module: Any, blocks: Any, cfg: RunConfig, device: Any, world_size: int,
              materialize: Any = None) -> Any:

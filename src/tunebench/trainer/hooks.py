@@ -23,6 +23,7 @@ from tunebench.engine import checkpoint
 from tunebench.engine.loop import LoopResult
 from tunebench.engine.model import CausalLMWithLoss
 from tunebench.engine.step import autocast
+from tunebench.metrics.memory import peak_allocated
 from tunebench.units import GIB
 
 
@@ -118,8 +119,8 @@ class TrainHooks:
             self.flops_per_token else None
         eta = (self.total - done) * timed_s / timed_steps if timed_steps else None
         loss = result.losses[-1] if result.losses and loss_step else None
-        mem = torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() and \
-            torch.cuda.is_initialized() else None
+        mem = peak_allocated(torch.device("cuda"), self.cfg.cuda_graphs is True) / GIB \
+            if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         parts = [f"step {done}/{self.total}", loss_text(loss, loss_step, done),
                  f"lr {self.sched.get_last_lr()[0]:.3g}", "" if tps is None else f"{tps:,.0f} tokens/s",
                  "" if mfu is None else f"MFU {mfu:.1%}", "" if mem is None else f"peak {mem:.2f} GiB",
