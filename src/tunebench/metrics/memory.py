@@ -40,7 +40,12 @@ def peak_allocated(device: torch.device, graph_pools: bool = False) -> int:
     timed steps' peak counts the graphs' pools in full, as if every tensor in them were alive (an upper bound:
     the replays hold that memory, whatever part of it is in use at the peak)."""
     steady = torch.cuda.max_memory_allocated(device) + (graph_pool_bytes(device) if graph_pools else 0)
-    return max(steady, _before_timed.get(_index(device), (0, 0))[0])
+    return max(steady, _before(device)[0])
+
+
+def _before(device: torch.device) -> tuple[int, int]:
+    """(allocated, reserved) peaks before the timed steps (mark_timed); zeros where none were marked."""
+    return _before_timed.get(_index(device), (0, 0))
 
 
 def _index(device: torch.device) -> int:
@@ -68,8 +73,7 @@ def peak_memory(device: torch.device, graph_pools: bool = False) -> dict[str, in
     out: dict[str, int | None] = {"peak_rss_bytes": rss if sys.platform == "darwin" else rss * 1024}
     if device.type == "cuda":
         out["peak_mem_allocated_bytes"] = peak_allocated(device, graph_pools)
-        out["peak_mem_reserved_bytes"] = max(torch.cuda.max_memory_reserved(device),
-                                             _before_timed.get(_index(device), (0, 0))[1])
+        out["peak_mem_reserved_bytes"] = max(torch.cuda.max_memory_reserved(device), _before(device)[1])
         out["nvml_mem_used_bytes"] = nvml_used_bytes(device)
     return out
 

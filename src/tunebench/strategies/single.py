@@ -14,7 +14,7 @@ from tunebench.strategies.state import Replicated
 def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device, world_size: int) -> TrainStep:
     params = [p for p in module.parameters() if p.requires_grad]
     # replayed as CUDA graphs, several micro-batches' gradients are summed into gradients that always exist
-    kept = cfg.cuda_graphs is True and cfg.compile is True and cfg.grad_accum > 1
+    kept = cfg.cuda_graphs is True and cfg.grad_accum > 1  # true only compiled whole (Strategy.check, resolved)
     ts = torch_step(module, params, build_optimizer(params, cfg), cfg, device, grads_kept=kept)
     ts.state = Replicated(module, ts.optimizer)
     return ts
