@@ -20,6 +20,7 @@
 #   bash benchmarks/gpu_proof.sh scope7b   # issue 14: Mistral-7B QLoRA, compile per block vs whole model
 #   bash benchmarks/gpu_proof.sh plancheck # issue 16: configurations the planner never saw, on an H100 (out of sample)
 #   bash benchmarks/gpu_proof.sh hw100     # issue 16: the H100's matmul ceiling and bandwidth, for the planner
+#                                          #   (SECTIONS, DTYPES: bf16; HWFLAGS: more hw flags, e.g. --quick)
 #   bash benchmarks/gpu_proof.sh attn1     # the registered SDPA on every path of one GPU: decode, FSDP2, ZeRO-2
 #   bash benchmarks/gpu_proof.sh free7b    # issue 14: Mistral-7B QLoRA memory free (no checkpointing), per block vs whole
 #   bash benchmarks/gpu_proof.sh pure1     # issue 14: bf16-pure vs bf16 (GPT-2 vs plain compile, Llama-3.2-1B)
@@ -100,6 +101,8 @@
 #   bash benchmarks/gpu_proof.sh cgraphs   # the whole graph replayed as CUDA graphs: its GPU tests (the accumulation
 #                                          #   test broken on purpose must fail; BROKEN=0 skips), a train job with and
 #                                          #   without them (TRAINS: each job's flags joined by commas; none: no job)
+#   bash benchmarks/gpu_proof.sh fp32      # fp32 on a GPU: the attention tests (grouped keys repeated for the memory-
+#                                          #   efficient kernel), each of RUNS as `tunebench run`, each of SHAPES profiled
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -272,7 +275,7 @@ plancheck)
   ;;
 hw100)
   export CUDA_VISIBLE_DEVICES=0
-  tb hw --sections matmul,bandwidth --dtypes bf16 --tag gpu-proof-hw
+  tb hw --sections ${SECTIONS:-matmul,bandwidth} --dtypes ${DTYPES:-bf16} ${HWFLAGS:-} --tag gpu-proof-hw
   ;;
 attn1)
   export CUDA_VISIBLE_DEVICES=0
@@ -719,6 +722,27 @@ hostgraph)
 --model tinygpt-124m --seq-len 2048 --batch-size 1
 --model tinygpt-124m --seq-len 512 --batch-size 16
 --model tinygpt-124m --seq-len 512 --batch-size 16 --compile-scope blocks"} TAG=${TAG:-hostgraph} bash "$0" runs
+  ;;
+fp32)
+  export CUDA_VISIBLE_DEVICES=0
+  python3 -m pytest -q -rf -p no:cacheprovider tests/test_attention.py tests/test_compile.py -k "attention or attend \
+    or whole_model_compile" 2>&1 | grep -E "^FAILED|^E  |passed|failed" | head -20
+  RUNS=${RUNS:-"--model llama-3.2-1b --precision fp32 --seq-len 2048 --batch-size 2
+--model llama-3.2-1b --method lora --precision fp32 --seq-len 1024 --batch-size 4
+--model llama-3.2-1b --precision fp32 --seq-len 1024 --batch-size 2 --no-compile
+--model tinygpt-124m --precision fp32 --seq-len 2048 --batch-size 8 --dropout 0"}
+  while IFS= read -r args; do
+    [ -n "$args" ] || continue
+    timeout 300 python3 -m tunebench.cli run $args --steps 20 --warmup 8 --tag fp32 > "$OUT/run.log" 2>&1
+    echo "$args: exit $?; $(grep "tokens/s\|peak" "$OUT/run.log" | grep -v "step [0-9]*/" | head -3 | tr -s ' ' | tr '\n' ' ')"
+  done <<< "$RUNS"
+  SHAPES=${SHAPES:-"--model llama-3.2-1b --precision fp32 --seq-len 2048 --batch-size 2
+--model tinygpt-124m --precision fp32 --seq-len 2048 --batch-size 8"}
+  while IFS= read -r shape; do
+    [ -n "$shape" ] || continue
+    echo "PROFILE $shape"
+    timeout 200 python3 benchmarks/profile_trace.py $shape 2> "$OUT/prof.err" | tail -1 || tail -3 "$OUT/prof.err"
+  done <<< "$SHAPES" | tee "$OUT/fp32-prof.txt"
   ;;
 runs)
   export CUDA_VISIBLE_DEVICES=${GPUS:-0}

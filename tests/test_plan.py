@@ -38,6 +38,8 @@ LOSS_PURE_IN_GRAPH_SINCE = "2026-11-24T04:00"
 # runs replaying CUDA graphs reported the allocator's allocated peak before then, which leaves out the graphs' pools
 GRAPH_POOLS_COUNTED_SINCE = "2026-11-24T06:30"
 WHOLE_GRAPH_FP32_CHUNKS = 4
+# fp32 with grouped keys (Llama-3.2-1B) ran SDPA's math kernel before then, its S x S probabilities kept: not modelled
+FP32_KEYS_REPEATED_SINCE = "2026-11-24T08:00"
 plan_memory = importlib.import_module("tunebench.plan.memory")  # the module (the package exports its function)
 plan_speed = importlib.import_module("tunebench.plan.speed")
 HEAD_GRAD_KEPT, LOSS_BYTES_PER_LOGIT = plan_memory.head_grad_kept, plan_memory.loss_bytes_per_logit  # as they are now
@@ -104,6 +106,10 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         before = (r.config["method"] == "qlora" and r.config.get("ckpt_keep") == "matmuls"
                   and r.created_at < FUSED_4BIT_SINCE)
         whole = whole or before
+        spec = workload(cfg, r.metrics.world_size).spec
+        math_fp32 = (cfg.precision == "fp32" and r.created_at < FP32_KEYS_REPEATED_SINCE
+                     and (spec.shape.get("num_key_value_heads") or spec.num_heads) < spec.num_heads)
+        whole = whole or math_fp32
         # float8's memory is predicted as bf16's (plan says so): its tokens/s held to the goal, its memory shown
         float8 = r.config.get("float8", "off") != "off"
         # ZeRO-3 with QLoRA: the memory of DeepSpeed's gathering of the packed 4-bit base is not modelled (plan
@@ -124,13 +130,14 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         compiled = r.metrics.compile_scope or c["compile"] is True  # records before compile_scope: the flag
         lines.append(f"{gpu.name:9} {c['model']:13} {c['method']:5} {c.get('strategy', 'single'):6} "
                      f"x{r.metrics.world_size} b{c['batch_size']}x{c['grad_accum']} s{c['seq_len']:<5}"
-                     f"{' ckpt' if c['grad_ckpt'] else '     '}{' compile' if compiled else '        '}"
+                     f"{' ckpt' if c['grad_ckpt'] else '     '}{' compile' if compiled else '        '}{' fp32' if cfg.precision == 'fp32' else ''}"
                      f"{' f8-' + c['float8'][:3] if c.get('float8', 'off') != 'off' else '       '} "
                      f"memory {r.metrics.peak_mem_allocated_bytes / 2**30:6.2f} GiB predicted "
                      f"{p.mem.peak_allocated / 2**30:6.2f} ({em:+6.1%})   tokens/s {r.metrics.tokens_per_s:9,.0f} "
                      f"predicted {p.tokens_per_s:9,.0f} ({et:+6.1%}){'  (short tune trial)' if short else ''}"
                      f"{'  (before the 4-bit layers kept their matmuls)' if before else ''}"
-                     f"{'  (not modelled: whole-model compile, padded GPT-2 loss still eager)' if whole and not before else ''}"
+                     f"{'  (fp32 grouped keys: SDPA math kernel then)' if math_fp32 else ''}"
+                     f"{'  (not modelled: whole-model compile, padded GPT-2 loss still eager)' if whole and not before and not math_fp32 else ''}"
                      f"{'  (QLoRA under ZeRO-3: memory not modelled)' if zero3_qlora else ''}"
                      f"{'  (float8: memory predicted as bf16)' if float8 else ''}"
                      f"{'  (CUDA graphs: their pools left out of the memory measured)' if uncounted else ''}")
@@ -139,7 +146,8 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
     with capsys.disabled():
         print(f"\nplanner vs {len(runs)} GPU runs in benchmarks/data: peak memory within 5% on {within_mem} of {len(mem_err)}, "
               f"tokens/s within 15% on {within_tps} of {len(tps_err)} ({cold} short tune trials and {apart} whole-model "
-              "compiled, eager-padded-loss GPT-2 and earlier QLoRA-keeping-matmuls runs shown apart; float8 and ZeRO-3 QLoRA "
+              "compiled, eager-padded-loss GPT-2, earlier QLoRA-keeping-matmuls and fp32 math-kernel runs shown apart; "
+              "float8 and ZeRO-3 QLoRA "
               "memory too)")
         print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
@@ -240,11 +248,13 @@ def _saved_per_token(model, seq: int, autocast: bool = False) -> float:
     ("bf16-pure", "single"),  # bf16 weights, no autocast
     ("fp32", "single"),
 ])
-def test_block_activations_match_what_autograd_saves(tmp_path, precision, strategy):
-    """Without autocast (DeepSpeed's bf16, bf16-pure, or fp32) the CPU saves what the GPU saves: counted per block."""
-    from tunebench.models import resolve_model
+def test_block_activations_match_what_autograd_saves(tmp_path, monkeypatch, precision, strategy):
+    """Without autocast (DeepSpeed's bf16, bf16-pure, or fp32) the CPU saves what the GPU saves: counted per block
+    (fp32's grouped keys repeated as on a GPU, models.attention)."""
+    from tunebench.models import attention, resolve_model
     from tunebench.models.build import Weights, build, train_weights
 
+    monkeypatch.setattr(attention, "repeats_kv", lambda query: query.element_size() == 4)
     path = _small_llama(tmp_path)
     cfg = RunConfig(model=path, precision=precision, strategy=strategy, seq_len=256, compile=False)
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16  # what the engine (or DeepSpeed) trains
@@ -254,6 +264,47 @@ def test_block_activations_match_what_autograd_saves(tmp_path, precision, strate
     w = workload(cfg, 1)
     assert not w.autocast
     assert activations(w).per_layer == pytest.approx(measured, rel=0.03)
+
+
+def _tiny_model_dir(path: Path, family: str, layers: int) -> str:
+    path.mkdir()
+    cfg_json = ({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                 "intermediate_size": 704, "num_hidden_layers": layers, "num_attention_heads": 8,
+                 "num_key_value_heads": 4} if family == "llama" else
+                {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 256, "n_layer": layers,
+                 "n_head": 8, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})
+    (path / "config.json").write_text(json.dumps(cfg_json | {"vocab_size": 512, "max_position_embeddings": 1024,
+                                                             "n_positions": 1024}))
+    return str(path)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_fp32_compiled_activations_match_what_autograd_saves(tmp_path, monkeypatch, family):
+    """fp32 compiled as one graph: what the partitioner keeps for backward, per block (a model of two blocks less
+    one of one), is what plan.activations counts; grouped keys repeated as on a GPU (models.attention)."""
+    from tunebench.engine.model import CausalLMWithLoss
+    from tunebench.models import attention, resolve_model
+    from tunebench.models.build import Weights, build
+
+    monkeypatch.setattr(attention, "repeats_kv", lambda query: True)
+    saved = []
+    for layers in (1, 2):
+        path = _tiny_model_dir(tmp_path / str(layers), family, layers)
+        model, _ = build(resolve_model(path), Weights(dtype=torch.float32), torch.device("cpu"))
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        kept: dict[int, int] = {}
+
+        def pack(t, params=params, kept=kept):
+            if t.untyped_storage().data_ptr() not in params:
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.randint(0, 512, (2, 128), generator=torch.Generator().manual_seed(0))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            torch.compile(CausalLMWithLoss(model.train(), 512))(ids, ids)
+        saved.append(sum(kept.values()) / ids.numel())
+    cfg = RunConfig(model=path, precision="fp32", compile=True, compile_scope="model", seq_len=128, dropout=0.0)
+    assert activations(workload(cfg, 1)).per_layer == pytest.approx(saved[1] - saved[0], rel=0.01)
 
 
 @pytest.mark.parametrize("autocast", [True, False])

@@ -1,10 +1,11 @@
 """GPU catalog: the published figures of the GPUs we plan for, and which one this machine has.
 
 No torch here: `tunebench plan` reads this in well under a second. Figures are the vendors' dense
-(no sparsity) bf16 peaks and HBM bandwidths; `memory_bytes` is what the driver reports (nvidia-smi,
-torch.cuda), which is a little less than the marketing figure. `link_gbps` is the per-GPU bandwidth
-one direction to the other GPUs of the node (NVLink, or PCIe where there is none): the ceiling of a
-collective's bus bandwidth. Measured figures (`tunebench hw` records) take precedence where stored.
+(no sparsity) bf16 peaks, fp32 peaks (CUDA cores: fp32 matmuls without TF32, PyTorch's default) and HBM
+bandwidths; `memory_bytes` is what the driver reports (nvidia-smi, torch.cuda), which is a little less than
+the marketing figure. `link_gbps` is the per-GPU bandwidth one direction to the other GPUs of the node
+(NVLink, or PCIe where there is none): the ceiling of a collective's bus bandwidth. Measured figures
+(`tunebench hw` records) take precedence where stored.
 """
 
 from __future__ import annotations
@@ -27,31 +28,36 @@ class Gpu:
     bf16_tflops: float  # dense peak
     hbm_gbps: float
     link_gbps: float  # per GPU, one direction, within a node
+    fp32_tflops: float  # CUDA cores' peak, what fp32 matmuls without TF32 and fp32 attention run on
     fp8: bool = False  # FP8 tensor cores (compute capability 8.9+)
 
     @property
     def peak_flops(self) -> float:
         return self.bf16_tflops * 1e12
 
+    @property
+    def fp32_peak_flops(self) -> float:
+        return self.fp32_tflops * 1e12
+
 
 # Most specific patterns first: "H100 NVL" and "H100 PCIe" before "H100".
 CATALOG: tuple[Gpu, ...] = (
-    Gpu("B200", r"B200", 183359 * MIB, 2250, 8000, 900, fp8=True),
-    Gpu("H200-NVL", r"H200 NVL", 143771 * MIB, 835, 4800, 450, fp8=True),
-    Gpu("H200", r"H200", 143771 * MIB, 989, 4800, 450, fp8=True),
-    Gpu("GH200", r"GH200", 97871 * MIB, 989, 4000, 450, fp8=True),
-    Gpu("H100-NVL", r"H100 NVL", 95830 * MIB, 835, 3900, 300, fp8=True),
-    Gpu("H100-PCIe", r"H100 PCIe", 81559 * MIB, 756, 2000, 64, fp8=True),
-    Gpu("H100-80GB", r"H100|H800", 81559 * MIB, 989, 3350, 450, fp8=True),
-    Gpu("A100-40GB", r"A100.*40GB|A100-SXM4-40GB|A100-PCIE-40GB", 40960 * MIB, 312, 1555, 300),
-    Gpu("A100-80GB", r"A100|A800", 81920 * MIB, 312, 2039, 300),
-    Gpu("L40S", r"L40S", 46068 * MIB, 362, 864, 32, fp8=True),
-    Gpu("L40", r"L40\b", 46068 * MIB, 181, 864, 32, fp8=True),
-    Gpu("L4", r"\bL4\b", 23034 * MIB, 121, 300, 32, fp8=True),
-    Gpu("A10", r"\bA10\b", 23028 * MIB, 125, 600, 32),
-    Gpu("RTX-4090", r"4090", 24564 * MIB, 165, 1008, 32, fp8=True),
-    Gpu("A6000", r"A6000", 49140 * MIB, 155, 768, 56),
-    Gpu("V100", r"V100", 32768 * MIB, 125, 900, 150),  # no bf16: its fp16 peak
+    Gpu("B200", r"B200", 183359 * MIB, 2250, 8000, 900, 75, fp8=True),
+    Gpu("H200-NVL", r"H200 NVL", 143771 * MIB, 835, 4800, 450, 60, fp8=True),
+    Gpu("H200", r"H200", 143771 * MIB, 989, 4800, 450, 67, fp8=True),
+    Gpu("GH200", r"GH200", 97871 * MIB, 989, 4000, 450, 67, fp8=True),
+    Gpu("H100-NVL", r"H100 NVL", 95830 * MIB, 835, 3900, 300, 60, fp8=True),
+    Gpu("H100-PCIe", r"H100 PCIe", 81559 * MIB, 756, 2000, 64, 51, fp8=True),
+    Gpu("H100-80GB", r"H100|H800", 81559 * MIB, 989, 3350, 450, 67, fp8=True),
+    Gpu("A100-40GB", r"A100.*40GB|A100-SXM4-40GB|A100-PCIE-40GB", 40960 * MIB, 312, 1555, 300, 19.5),
+    Gpu("A100-80GB", r"A100|A800", 81920 * MIB, 312, 2039, 300, 19.5),
+    Gpu("L40S", r"L40S", 46068 * MIB, 362, 864, 32, 91.6, fp8=True),
+    Gpu("L40", r"L40\b", 46068 * MIB, 181, 864, 32, 90.5, fp8=True),
+    Gpu("L4", r"\bL4\b", 23034 * MIB, 121, 300, 32, 30.3, fp8=True),
+    Gpu("A10", r"\bA10\b", 23028 * MIB, 125, 600, 32, 31.2),
+    Gpu("RTX-4090", r"4090", 24564 * MIB, 165, 1008, 32, 82.6, fp8=True),
+    Gpu("A6000", r"A6000", 49140 * MIB, 155, 768, 56, 38.7),
+    Gpu("V100", r"V100", 32768 * MIB, 125, 900, 150, 15.7),  # no bf16: its fp16 peak
 )
 _BY_NAME = {g.name.lower(): g for g in CATALOG}
 

@@ -17,6 +17,11 @@ GPT-2 block under autocast: LayerNorm inputs, the fused qkv (6h), dropout masks 
 NewGELU written out in Python, whose pow/tanh run in fp32 under autocast (14 x inner bytes).
 torch.compile keeps what its min-cut partitioner chooses: measured, 12h + 4i (+ attention) on Llama with
 bf16 weights, 4h more with LoRA/QLoRA adapters; the whole model as one graph 2h more than per block.
+fp32 (every tensor 4 bytes): on a GPU grouped keys and values are repeated to the query's heads before SDPA
+(models.attention), so attention keeps q, k, v and its output at 4q each. Compiled, counted tensor by tensor
+(autograd's saved tensors, whole model, CPU): Llama 16h + 12i + 16q + 4H + 8 (the norms' inputs and matmul
+inputs, gate, up and their product, attention's set, the norms' rstd), GPT-2 32h + 8i + 4H + 8 (fused qkv 12h,
+attention's output, LayerNorms' inputs and outputs, c_fc's output and GELU's).
 LoRA adds each adapter's rank-r output, and no copy of an adapter's input: peft casts that input to the
 adapters' fp32, yet nothing more is kept, under autocast or under DeepSpeed (whose bf16 engine casts the
 adapters too); measured on the CPU (a test) and on an H100 (118k bytes/token per block of Llama-3.2-1B LoRA,
@@ -35,7 +40,7 @@ class Activations:
     per_layer: float  # bytes per token kept by one block for backward (its full forward)
     kept_per_layer: float  # bytes per token one block keeps through the forward (= per_layer without checkpointing)
     outside: float  # bytes per token kept outside the blocks (final norm, loss)
-    attention: str  # the SDPA kernel the planner assumes ("flash" or "math")
+    attention: str  # the SDPA kernel the planner assumes ("flash", "memory-efficient" or "math")
     note: str
 
     def saved_by_blocks(self, w: Workload) -> float:
@@ -46,7 +51,7 @@ class Activations:
 def _attention_kernel(w: Workload) -> str:
     # SDPA picks flash (or cuDNN) for bf16 without a mask; the eager implementation materialises S x S.
     # fp32 has no flash kernel; the memory-efficient one keeps the same tensors.
-    return "math" if w.cfg.attn == "eager" else "flash"
+    return "math" if w.cfg.attn == "eager" else "memory-efficient" if w.fp32 else "flash"
 
 
 def _llama_block(w: Workload) -> float:
@@ -54,8 +59,11 @@ def _llama_block(w: Workload) -> float:
     h, q, i, heads = s.hidden_size, s.num_heads * s.head_dim, int(s.shape["intermediate_size"]), s.num_heads
     kv = (s.shape.get("num_key_value_heads") or heads) * s.head_dim
     attention = 2 * q + 4 * kv + 2 * q + 4 * heads  # flash: q, k, v, output, logsumexp
-    if w.fp32:  # RMSNorm's cast is a no-op: its input, normalized value and output, 4 bytes each
-        return 24 * h + 16 * i + 2 * (attention - 4 * heads) + 4 * heads
+    if w.fp32:  # keys and values repeated to q's width (models.attention); 4 bytes each
+        fp32_attention = 4 * q + 8 * q + 4 * q + 4 * heads
+        if w.cfg.compile:
+            return 16 * h + 12 * i + fp32_attention + 8
+        return 24 * h + 16 * i + fp32_attention  # RMSNorm's cast is a no-op: input, normalized value, output
     if w.cfg.compile:  # measured: adapters keep 4h more (peft's and bitsandbytes' calls split the graph)
         norms = 12 * h if w.residual_bytes == 2 else 16 * h
         return norms + attention + 4 * i + (0 if w.full else 4 * h)
@@ -74,6 +82,8 @@ def _gpt2_block(w: Workload) -> float:
     # (measured: 0.30 GiB less at 16,384 tokens x 12 blocks, 2.1h)
     masks = 0 if w.dropout else -2 * h
     if w.fp32:
+        if w.cfg.compile:
+            return 32 * h + 8 * inner + 4 * heads + 8 + 2 * h + masks
         return 2 * (10 * h + 10 * inner) + 2 * h + attention * 2 + masks
     if w.cfg.compile:
         return 13 * h + 4 * inner + attention + masks
@@ -118,7 +128,7 @@ def _math_attention_extra(w: Workload) -> float:
 def activations(w: Workload) -> Activations:
     block = _llama_block(w) if w.family == "llama" else _gpt2_block(w)
     block += _adapters(w)
-    if w.whole_graph and w.residual_bytes == 4:
+    if w.whole_graph and w.residual_bytes == 4 and not w.fp32:
         # one graph keeps about 2h more per block than blocks compiled apart (measured, H100: GPT-2 small 1,536-1,562
         # bytes per token per block with dropout and without, Llama-3.2-1B 2,600-3,900): by its size a bf16 copy of
         # the fp32 residual; a bf16 residual needs none (bf16-pure: GPT-2 small and medium within 1-3% without it)

@@ -41,6 +41,17 @@ ATTENTION_HALF_SEQ = 4096
 # on an H200 with the padded head: its blocks' and head's GEMMs 16.7-17.2 ms a step, 12.2 TFLOP at ~0.9 of 807
 # TFLOP/s), 93% from 2048 up
 NARROW_HIDDEN = 400
+# fp32 (TF32 off, PyTorch's default), profiled on an H100 (fp32 MAMF 51.1 TFLOP/s): GEMMs on the CUDA cores reach
+# the fp32 MAMF but for small ones, as tokens x hidden / (that + FP32_MATMUL_HALF_WORK) (GPT-2 small at 4,096 tokens
+# 93%, at 16,384 100%; Llama-3.2-1B at 4,096 100%). Attention in SDPA's memory-efficient kernel (the one fp32
+# takes), a share of the fp32 peak that grows with the sequence: FP32_ATTENTION_OF_PEAK * s / (s +
+# FP32_ATTENTION_HALF_SEQ) (Llama-3.2-1B 44% at 2,048; GPT-2 small 49% at 2,048 without dropout), its dropout
+# drawn in the kernel slower by FP32_ATTENTION_DROPOUT_SLOWDOWN (GPT-2 small with dropout: 27%, 30%, 39% at 512,
+# 1,024 and 2,048 tokens)
+FP32_MATMUL_HALF_WORK = 2.4e5
+FP32_ATTENTION_OF_PEAK = 0.52
+FP32_ATTENTION_HALF_SEQ = 270
+FP32_ATTENTION_DROPOUT_SLOWDOWN = 1.25
 # Short micro-batches fall below the ceiling as tokens / (tokens + MATMUL_HALF_TOKENS). Profiled GEMMs at 4,096-8,192
 # tokens lost less (GPT-2 medium 96% of the ceiling); the records want 600, which carries other short-step costs
 MATMUL_HALF_TOKENS = 600
@@ -64,6 +75,10 @@ FLOAT8_FROZEN_SPEEDUP = 1.43
 # sped it up, 2026-11-24: 3.0; its whole graph's fused kernels profiled on an H100 imply 2.7-4.1)
 ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 8.6, ("gpt2", True): 3.0, ("llama", False): 8.8,
                                ("llama", True): 5.1}  # (architecture, compiled)
+# ... in fp32, whose saved bytes are all 4-byte tensors: profiled on an H100 (GPT-2 small eager at 4,096 tokens and
+# compiled at 4,096 and 16,384; Llama-3.2-1B compiled at 4,096), Llama eager from its step less the rest
+FP32_ELEMENTWISE_BYTES_PER_SAVED = {("gpt2", False): 3.7, ("gpt2", True): 2.2, ("llama", False): 6.3,
+                                    ("llama", True): 2.35}
 # the fused loss's compiled softmax over a chunk's logits (engine.loss), per logit: profiled on an H100, GPT-2 small
 # s2048 b8 (824M padded logits, 2.46 ms) and Llama-3.2-1B s2048 b2 (525M, 1.47 ms), 9 bytes at the copy bandwidth
 # (30 with the eager softmax before it was compiled)
@@ -152,22 +167,27 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
     kept = w.kept_share  # blocks keeping attention and the adapters' first factor: only the up-projections rerun
     adapters = w.lora_params * (6 + kept + 2 * (share - kept))
-    ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens)
+    if w.fp32:
+        work = w.tokens * s.hidden_size
+        ceiling = adapter_ceiling = hw.fp32_matmul_flops * work / (work + FP32_MATMUL_HALF_WORK)
+    else:
+        ceiling, adapter_ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens), hw.matmul_flops * 0.15
     # float8: the blocks' GEMMs (not the head's) at float8's effective speedup, its casts included
     speedup = FLOAT8_FROZEN_SPEEDUP if cfg.frozen_float8 else FLOAT8_GEMM_SPEEDUP[cfg.float8]
     odd = UNALIGNED_HEAD_SLOWDOWN if s.vocab_size % HEAD_ALIGN and not head_padded(w) else 1.0
     gemm = (blocks / speedup + head * odd) * tokens / ceiling
-    gemm += adapters * tokens / (hw.matmul_flops * 0.15)  # rank-r GEMMs are far from the ceiling
+    gemm += adapters * tokens / adapter_ceiling  # rank-r GEMMs are far from the tensor cores' ceiling
     q = s.num_heads * s.head_dim
     attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share - kept) * tokens
     if w.dropout:
-        attention *= ATTENTION_DROPOUT_SLOWDOWN
+        attention *= FP32_ATTENTION_DROPOUT_SLOWDOWN if w.fp32 else ATTENTION_DROPOUT_SLOWDOWN
     act = activations(w)
     # backward moves about twice the forward's bytes; a recompute adds one forward, but for a checkpoint traced
     # in the compiled block, whose backward graph fuses the recompute's elementwise ops with its own
     traffic = 2 * (1 + (share - traced) / 3)
-    moved = ELEMENTWISE_BYTES_PER_SAVED[w.family, cfg.compile] * act.per_layer * w.layers * traffic * tokens
-    moved += LOSS_BYTES_PER_LOGIT * tokens * s.vocab_size
+    per_saved = (FP32_ELEMENTWISE_BYTES_PER_SAVED if w.fp32 else ELEMENTWISE_BYTES_PER_SAVED)[w.family, cfg.compile]
+    moved = per_saved * act.per_layer * w.layers * traffic * tokens
+    moved += LOSS_BYTES_PER_LOGIT * w.compute_bytes / 2 * tokens * s.vocab_size  # fitted on 16-bit logits
     if cfg.method == "qlora":
         moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
     # bf16-pure: AdamW's parameters, gradients and states are half as many bytes (not measured yet: scaled)
@@ -178,8 +198,12 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
         local = w.trainable / w.sharded
         per_node = w.world // max(1, cfg.nnodes)
         optimizer = local * (HOST_ADAM_S_PER_PARAM * per_node + OFFLOAD_BYTES_PER_PARAM / PCIE_BYTES_PER_S)
-    attention_share = ATTENTION_OF_PEAK * cfg.seq_len / (cfg.seq_len + ATTENTION_HALF_SEQ)
-    return {"matmul": gemm, "attention": attention / (attention_share * hw.gpu.peak_flops),
+    if w.fp32:
+        attention_flops = FP32_ATTENTION_OF_PEAK * cfg.seq_len / (cfg.seq_len + FP32_ATTENTION_HALF_SEQ) \
+            * hw.gpu.fp32_peak_flops
+    else:
+        attention_flops = ATTENTION_OF_PEAK * cfg.seq_len / (cfg.seq_len + ATTENTION_HALF_SEQ) * hw.gpu.peak_flops
+    return {"matmul": gemm, "attention": attention / attention_flops,
             "elementwise": moved / hw.bandwidth, "optimizer": optimizer}
 
 

@@ -40,6 +40,9 @@ def summary_table(p: Prediction) -> Table:
                         "medium and Llama-3.2-1B on one GPU (DDP's host time on two)"
                         + ("; replayed as CUDA graphs: their host time and pools fitted on GPT-2 small on an H100"
                            if p.cfg.cuda_graphs is True else ""))
+    if p.cfg.precision == "fp32":
+        tab.add("note", "fp32: matmuls on the CUDA cores without TF32 (PyTorch's default), at the fp32 matmul ceiling; "
+                        "its attention and elementwise work fitted on GPT-2 small and Llama-3.2-1B on an H100")
     if p.cfg.float8 != "off":
         tab.add("note", f"float8={p.cfg.float8}: memory is predicted as bf16's (measured 4-14% below it without "
                         "checkpointing, where float8 keeps smaller activations); speed from float8 runs on H200")
