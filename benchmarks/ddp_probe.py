@@ -54,7 +54,7 @@ def probe(a: argparse.Namespace) -> None:
 
     from tunebench.dist import from_env, rank_session
     from tunebench.engine.data import SyntheticTokens
-    from tunebench.engine.step import attention_kernels
+    from tunebench.engine.step import kernel_settings
     from tunebench.run_preflight import preflight
     from tunebench.runner import Outcome, build_trainable
     from vs_plain_ddp import _our_config
@@ -68,7 +68,7 @@ def probe(a: argparse.Namespace) -> None:
     plan = preflight(cfg, ctx.local_rank)
     dev, cuda = plan.device, plan.device.type == "cuda"
     results = []
-    with rank_session(ctx, dev, cfg.timeout), attention_kernels(plan.cfg, dev):
+    with rank_session(ctx, dev, cfg.timeout), kernel_settings(plan.cfg, dev):
         t = build_trainable(plan, Outcome(), ctx)
         ts = t.ts
         data = SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, dev, cfg.seed, ctx.rank,

@@ -101,8 +101,9 @@
 #   bash benchmarks/gpu_proof.sh cgraphs   # the whole graph replayed as CUDA graphs: its GPU tests (the accumulation
 #                                          #   test broken on purpose must fail; BROKEN=0 skips), a train job with and
 #                                          #   without them (TRAINS: each job's flags joined by commas; none: no job)
-#   bash benchmarks/gpu_proof.sh fp32      # fp32 on a GPU: the attention tests (grouped keys repeated for the memory-
-#                                          #   efficient kernel), each of RUNS as `tunebench run`, each of SHAPES profiled
+#   bash benchmarks/gpu_proof.sh fp32      # fp32 on a GPU: the attention and tf32 tests (grouped keys repeated for the
+#                                          #   memory-efficient kernel; TESTS=0 skips), TRAIN=1: a train job exact and with
+#                                          #   TF32, each of RUNS as `tunebench run`, each of SHAPES profiled
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -725,8 +726,19 @@ hostgraph)
   ;;
 fp32)
   export CUDA_VISIBLE_DEVICES=0
-  python3 -m pytest -q -rf -p no:cacheprovider tests/test_attention.py tests/test_compile.py -k "attention or attend \
-    or whole_model_compile" 2>&1 | grep -E "^FAILED|^E  |passed|failed" | head -20
+  if [ "${TESTS:-1}" = 1 ]; then
+    python3 -m pytest -q -rf -p no:cacheprovider tests/test_attention.py tests/test_tf32.py tests/test_compile.py \
+      -k "attention or attend or tf32 or whole_model_compile" 2>&1 | grep -E "^FAILED|^E  |passed|failed" | head -20
+  fi
+  if [ "${TRAIN:-0}" = 1 ]; then  # GPT-2 small from scratch on the standard library, fp32 exact and with TF32
+    python3 benchmarks/stdlib_corpus.py /tmp/corpus --vocab 32000 > /dev/null
+    C="--model tinygpt-124m --tokenizer /tmp/corpus/tokenizer --data /tmp/corpus/stdlib.jsonl --seq-len 1024"
+    C="$C --batch-size 4 --grad-accum 2 --max-steps 120 --lr 1e-3 --warmup-steps 20 --eval-fraction 0.02"
+    C="$C --eval-every 60 --eval-batches 10 --log-every 20 --precision fp32 --dropout 0 --tag fp32-train"
+    for g in "" "--tf32"; do
+      echo "== train fp32 $g"; tb train $C $g --output-dir "/tmp/fp32$g" 2>&1 | grep -E "^train:|tokens/s  |rror"
+    done
+  fi
   RUNS=${RUNS:-"--model llama-3.2-1b --precision fp32 --seq-len 2048 --batch-size 2
 --model llama-3.2-1b --method lora --precision fp32 --seq-len 1024 --batch-size 4
 --model llama-3.2-1b --precision fp32 --seq-len 1024 --batch-size 2 --no-compile

@@ -27,7 +27,7 @@ def main() -> None:
     from profile_trace import config_from_args
     from tunebench.dist import SINGLE
     from tunebench.engine.data import SyntheticTokens
-    from tunebench.engine.step import attention_kernels, optimizer_step_fn
+    from tunebench.engine.step import kernel_settings, optimizer_step_fn
     from tunebench.run_preflight import preflight
     from tunebench.runner import Outcome, build_trainable
 
@@ -35,7 +35,7 @@ def main() -> None:
     t = build_trainable(plan, Outcome(), SINGLE)
     data = SyntheticTokens(plan.spec.vocab_size, plan.cfg.batch_size, plan.cfg.seq_len, plan.device, plan.cfg.seed)
     step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, SINGLE)
-    with attention_kernels(plan.cfg, plan.device):  # as the runner's loop runs it
+    with kernel_settings(plan.cfg, plan.device):  # as the runner's loop runs it
         for _ in range(2):
             step()
     params = {p.data_ptr() for p in t.module.parameters()}
@@ -46,7 +46,7 @@ def main() -> None:
             saved[(tuple(x.shape), str(x.dtype).removeprefix("torch."))] += 1
         return x
 
-    with attention_kernels(plan.cfg, plan.device), torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+    with kernel_settings(plan.cfg, plan.device), torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         t.ts.micro(data.next(), True)  # packs run in its forward only
     t.ts.update()
     total = sum(count * torch.Size(shape).numel() * torch.empty((), dtype=getattr(torch, dtype)).element_size()

@@ -144,7 +144,7 @@ def our_rank(a: argparse.Namespace, config: Callable[[int], object], profile_ste
     the engine without the harness around it."""
     from tunebench.dist import from_env, rank_session
     from tunebench.engine.data import SyntheticTokens
-    from tunebench.engine.step import attention_kernels, optimizer_step_fn
+    from tunebench.engine.step import kernel_settings, optimizer_step_fn
     from tunebench.run_preflight import preflight
     from tunebench.runner import Outcome, build_trainable
 
@@ -158,7 +158,7 @@ def our_rank(a: argparse.Namespace, config: Callable[[int], object], profile_ste
         step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, ctx)
 
         def train(_ids: object) -> object:  # as the runner's loop runs it
-            with attention_kernels(plan.cfg, plan.device):
+            with kernel_settings(plan.cfg, plan.device):
                 return step()
 
         timed_rank(a, plan.device, train, 2, 1, profile_steps)

@@ -175,7 +175,7 @@ def _our_step(cfg) -> Callable[[], object]:
     """The same step `run` times, built from the runner's pieces so that the profiler can wrap it."""
     from tunebench.dist import SINGLE
     from tunebench.engine.data import SyntheticTokens
-    from tunebench.engine.step import attention_kernels, optimizer_step_fn
+    from tunebench.engine.step import kernel_settings, optimizer_step_fn
     from tunebench.run_preflight import preflight
     from tunebench.runner import Outcome, build_trainable
 
@@ -185,7 +185,7 @@ def _our_step(cfg) -> Callable[[], object]:
     step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, SINGLE)
 
     def with_kernels() -> object:  # as the runner's loop runs it
-        with attention_kernels(plan.cfg, plan.device):
+        with kernel_settings(plan.cfg, plan.device):
             return step()
     return with_kernels
 

@@ -74,6 +74,24 @@ def test_masked_labels_match_cross_entropy_with_ignore_index():
     torch.testing.assert_close(L.causal_lm_loss(h, wrapped, y, 200, masked=True), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("masked,bias,autocast", [(False, False, False), (True, True, False), (True, False, True)])
+def test_evaluation_computes_the_loss_alone(monkeypatch, masked, bias, autocast):
+    """Without grad (evaluation) the loss is the same, chunk by chunk, and no gradient of the logits or the head is
+    computed (the fused function would, whatever the grad mode)."""
+    monkeypatch.setattr(L, "LOGITS_PER_CHUNK", 97 * 50)  # chunks of 128 tokens, the last one partial
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 97, bias=bias)
+    h, y = torch.randn(3, 200, 32), torch.randint(0, 97, (3, 200))
+    y[0, :30] = -100 if masked else y[0, :30]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        ref = L.causal_lm_loss(h, head, y, 97, masked=masked)
+        monkeypatch.setattr(L, "_loss_and_grad", None)  # called: TypeError
+        with torch.no_grad():
+            out = L.causal_lm_loss(h, head, y, 97, masked=masked)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-5 if not autocast else 1e-3, atol=1e-5)
+
+
 def test_odd_vocabularies_are_padded_for_aligned_matmuls():
     """GPT-2's 50,257 rows would give every matmul of the loss a stride no fast GPU kernel takes: the loss pads
     the head with zero rows to a multiple of 64, whose columns get no probability (the tests above use odd

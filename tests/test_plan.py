@@ -130,7 +130,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         compiled = r.metrics.compile_scope or c["compile"] is True  # records before compile_scope: the flag
         lines.append(f"{gpu.name:9} {c['model']:13} {c['method']:5} {c.get('strategy', 'single'):6} "
                      f"x{r.metrics.world_size} b{c['batch_size']}x{c['grad_accum']} s{c['seq_len']:<5}"
-                     f"{' ckpt' if c['grad_ckpt'] else '     '}{' compile' if compiled else '        '}{' fp32' if cfg.precision == 'fp32' else ''}"
+                     f"{' ckpt' if c['grad_ckpt'] else '     '}{' compile' if compiled else '        '}{(' tf32' if cfg.tf32 else ' fp32') if cfg.precision == 'fp32' else ''}"
                      f"{' f8-' + c['float8'][:3] if c.get('float8', 'off') != 'off' else '       '} "
                      f"memory {r.metrics.peak_mem_allocated_bytes / 2**30:6.2f} GiB predicted "
                      f"{p.mem.peak_allocated / 2**30:6.2f} ({em:+6.1%})   tokens/s {r.metrics.tokens_per_s:9,.0f} "

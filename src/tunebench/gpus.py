@@ -30,6 +30,7 @@ class Gpu:
     link_gbps: float  # per GPU, one direction, within a node
     fp32_tflops: float  # CUDA cores' peak, what fp32 matmuls without TF32 and fp32 attention run on
     fp8: bool = False  # FP8 tensor cores (compute capability 8.9+)
+    tf32: bool = True  # TF32 tensor cores (compute capability 8.0+), at half the bf16 peak
 
     @property
     def peak_flops(self) -> float:
@@ -38,6 +39,10 @@ class Gpu:
     @property
     def fp32_peak_flops(self) -> float:
         return self.fp32_tflops * 1e12
+
+    @property
+    def tf32_peak_flops(self) -> float:
+        return self.peak_flops / 2 if self.tf32 else self.fp32_peak_flops
 
 
 # Most specific patterns first: "H100 NVL" and "H100 PCIe" before "H100".
@@ -57,7 +62,7 @@ CATALOG: tuple[Gpu, ...] = (
     Gpu("A10", r"\bA10\b", 23028 * MIB, 125, 600, 32, 31.2),
     Gpu("RTX-4090", r"4090", 24564 * MIB, 165, 1008, 32, 82.6, fp8=True),
     Gpu("A6000", r"A6000", 49140 * MIB, 155, 768, 56, 38.7),
-    Gpu("V100", r"V100", 32768 * MIB, 125, 900, 150, 15.7),  # no bf16: its fp16 peak
+    Gpu("V100", r"V100", 32768 * MIB, 125, 900, 150, 15.7, tf32=False),  # no bf16: its fp16 peak
 )
 _BY_NAME = {g.name.lower(): g for g in CATALOG}
 

@@ -37,7 +37,7 @@ from tunebench.engine.recompute import (
     recomputes_traced,
     traces_checkpoint,
 )
-from tunebench.engine.step import TrainStep, attention_kernels, optimizer_step_fn
+from tunebench.engine.step import TrainStep, kernel_settings, optimizer_step_fn
 from tunebench.environment import environment
 from tunebench.errors import invalid
 from tunebench.methods import apply_method
@@ -183,7 +183,7 @@ def _train(plan: Plan, out: Outcome, started: float, progress: ProgressFn | None
     data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
     step = optimizer_step_fn(t.ts, data, cfg, device, ctx)
     out.setup_s = time.perf_counter() - started
-    with attention_kernels(cfg, device):
+    with kernel_settings(cfg, device):
         out.loop = run_loop(step, LoopSpec(cfg.steps, cfg.warmup, fault=cfg.fault, max_step_s=cfg.max_step_s),
                             device, progress if ctx.is_main else None, ctx, telemetry_for(plan))
 

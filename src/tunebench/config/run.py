@@ -41,6 +41,10 @@ class RunConfig(BaseModel):
                                                     "fp32 weights, bf16 autocast; bf16-pure: weights, gradients and "
                                                     "optimizer state stored in bf16, no autocast (half the memory of "
                                                     "the model states; small updates round away)")
+    tf32: bool = Field(False, description="with precision fp32 on a GPU (compute capability 8.0+): fp32 matmuls on the "
+                                          "tensor cores in TF32 (inputs rounded to a 10-bit mantissa, fp32 sums), "
+                                          "PyTorch's default being exact fp32 on the CUDA cores; an H100 measured 404 "
+                                          "against 51 TFLOP/s", json_schema_extra=LATER)
     batch_size: int = Field(1, gt=0, le=MAX_BATCH, description="micro-batch per device")
     grad_accum: int = Field(1, gt=0, le=MAX_BATCH)
     seq_len: int = Field(512, gt=0, le=MAX_SEQ)
@@ -177,6 +181,9 @@ class RunConfig(BaseModel):
         if self.ckpt_keep_every != 1 and self.ckpt_keep != "matmuls":
             raise ValueError(f"ckpt_keep_every={self.ckpt_keep_every} chooses which checkpointed blocks keep their "
                              "matmuls: it needs ckpt_keep=matmuls")
+        if self.tf32 and self.precision != "fp32":  # auto too: it computes in bf16 on GPUs
+            raise ValueError(f"tf32 chooses how fp32 matmuls run: it needs precision=fp32 (precision={self.precision} "
+                             "computes in 16 bits on GPUs)")
         return self._check_shape_and_nodes()
 
     def _check_shape_and_nodes(self) -> RunConfig:

@@ -73,6 +73,27 @@ def attention_kernels(cfg: RunConfig, device: torch.device) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def matmul_precision(cfg: RunConfig) -> Iterator[None]:
+    """fp32 matmuls in TF32 where `tf32` asks, restored after (inductor's caches key on the setting)."""
+    if not cfg.tf32:
+        yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@contextlib.contextmanager
+def kernel_settings(cfg: RunConfig, device: torch.device) -> Iterator[None]:
+    """What the benchmark measured its kernels under, around the whole loop: SDPA's order and fp32's matmuls."""
+    with attention_kernels(cfg, device), matmul_precision(cfg):
+        yield
+
+
 def torch_step(module: torch.nn.Module, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
                cfg: RunConfig, device: torch.device,
                no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,

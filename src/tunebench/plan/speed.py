@@ -45,13 +45,17 @@ NARROW_HIDDEN = 400
 # the fp32 MAMF but for small ones, as tokens x hidden / (that + FP32_MATMUL_HALF_WORK) (GPT-2 small at 4,096 tokens
 # 93%, at 16,384 100%; Llama-3.2-1B at 4,096 100%). Attention in SDPA's memory-efficient kernel (the one fp32
 # takes), a share of the fp32 peak that grows with the sequence: FP32_ATTENTION_OF_PEAK * s / (s +
-# FP32_ATTENTION_HALF_SEQ) (Llama-3.2-1B 44% at 2,048; GPT-2 small 49% at 2,048 without dropout), its dropout
-# drawn in the kernel slower by FP32_ATTENTION_DROPOUT_SLOWDOWN (GPT-2 small with dropout: 27%, 30%, 39% at 512,
-# 1,024 and 2,048 tokens)
+# FP32_ATTENTION_HALF_SEQ) (Llama-3.2-1B 44% at 2,048), its dropout drawn in the kernel slower by
+# FP32_ATTENTION_DROPOUT_SLOWDOWN (GPT-2 small with dropout: 27%, 30%, 39% at 512, 1,024 and 2,048 tokens; its step
+# at 2,048 16 ms shorter without; fitted at 1,024 and 2,048, 512's attention 30% slow)
 FP32_MATMUL_HALF_WORK = 2.4e5
-FP32_ATTENTION_OF_PEAK = 0.52
-FP32_ATTENTION_HALF_SEQ = 270
-FP32_ATTENTION_DROPOUT_SLOWDOWN = 1.25
+FP32_ATTENTION_OF_PEAK = 0.64
+FP32_ATTENTION_HALF_SEQ = 880
+FP32_ATTENTION_DROPOUT_SLOWDOWN = 1.15
+# fp32 with tf32: the GEMMs on the tensor cores reach this share of bf16's curve (matmul_efficiency) of the TF32 MAMF
+# (404 TFLOP/s on an H100): from the steps less the rest as fp32 profiled it, 0.63 (GPT-2 small at 4,096 tokens), 0.74
+# (at 16,384), 0.86 (Llama-3.2-1B at 4,096), 0.84 (its LoRA)
+TF32_OF_BF16_EFFICIENCY = 0.7
 # Short micro-batches fall below the ceiling as tokens / (tokens + MATMUL_HALF_TOKENS). Profiled GEMMs at 4,096-8,192
 # tokens lost less (GPT-2 medium 96% of the ceiling); the records want 600, which carries other short-step costs
 MATMUL_HALF_TOKENS = 600
@@ -167,7 +171,10 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
     kept = w.kept_share  # blocks keeping attention and the adapters' first factor: only the up-projections rerun
     adapters = w.lora_params * (6 + kept + 2 * (share - kept))
-    if w.fp32:
+    if w.fp32 and cfg.tf32 and hw.gpu.tf32:  # on the tensor cores, as bf16's GEMMs are
+        ceiling = hw.tf32_matmul_flops * matmul_efficiency(s.hidden_size, w.tokens) * TF32_OF_BF16_EFFICIENCY
+        adapter_ceiling = hw.tf32_matmul_flops * 0.15
+    elif w.fp32:
         work = w.tokens * s.hidden_size
         ceiling = adapter_ceiling = hw.fp32_matmul_flops * work / (work + FP32_MATMUL_HALF_WORK)
     else:

@@ -41,8 +41,10 @@ def summary_table(p: Prediction) -> Table:
                         + ("; replayed as CUDA graphs: their host time and pools fitted on GPT-2 small on an H100"
                            if p.cfg.cuda_graphs is True else ""))
     if p.cfg.precision == "fp32":
-        tab.add("note", "fp32: matmuls on the CUDA cores without TF32 (PyTorch's default), at the fp32 matmul ceiling; "
-                        "its attention and elementwise work fitted on GPT-2 small and Llama-3.2-1B on an H100")
+        tab.add("note", ("fp32 with tf32: matmuls on the tensor cores in TF32, at the TF32 matmul ceiling"
+                         if p.cfg.tf32 else "fp32: matmuls on the CUDA cores (tf32 false, PyTorch's default), at the "
+                         "fp32 matmul ceiling") + "; attention and elementwise work fitted on GPT-2 small and "
+                        "Llama-3.2-1B on an H100")
     if p.cfg.float8 != "off":
         tab.add("note", f"float8={p.cfg.float8}: memory is predicted as bf16's (measured 4-14% below it without "
                         "checkpointing, where float8 keeps smaller activations); speed from float8 runs on H200")

@@ -17,6 +17,8 @@ def run_table(rec: ResultRecord) -> Table:
     precision = m.precision or c["precision"]
     if c["precision"] == "auto" and m.precision:
         precision += " (auto)"
+    if c.get("tf32"):
+        precision += ", TF32 matmuls"
     t.add("workload", f"{c['model']} {c['method']} {precision}  batch {c['batch_size']} x accum "
                       f"{c['grad_accum']} x seq {c['seq_len']}  opt {c['optimizer']}  ckpt {c['grad_ckpt']}")
     t.add("device", f"{gpu} x {m.world_size}" + (f" on {m.nnodes} nodes" if m.nnodes > 1 else "")

@@ -20,7 +20,7 @@ from tunebench.dist import SINGLE, DistContext
 from tunebench.engine import checkpoint
 from tunebench.engine.loop import LoopSpec, run_loop
 from tunebench.engine.schedule import scheduler
-from tunebench.engine.step import attention_kernels, optimizer_step_fn
+from tunebench.engine.step import kernel_settings, optimizer_step_fn
 from tunebench.metrics.flops import peak_flops
 from tunebench.preflight import Plan
 from tunebench.record import JobFigures, ResultRecord
@@ -66,7 +66,7 @@ def _run(plan: Plan, inputs: JobInputs, out: Outcome, started: float, ctx: DistC
                        peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None,
                        _trackers(cfg, ctx), state)
     try:
-        with attention_kernels(cfg, device):  # the benchmark's kernels, evaluation included
+        with kernel_settings(cfg, device):  # the benchmark's kernels, evaluation included
             if hooks.eval_data is not None and start == 0:
                 hooks.evaluate(0)  # where the loss starts: the curve's first point
             out.setup_s = time.perf_counter() - started
