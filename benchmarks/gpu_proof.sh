@@ -103,7 +103,8 @@
 #                                          #   without them (TRAINS: each job's flags joined by commas; none: no job)
 #   bash benchmarks/gpu_proof.sh fp32      # fp32 on a GPU: the attention and tf32 tests (grouped keys repeated for the
 #                                          #   memory-efficient kernel; TESTS=0 skips), TRAIN=1: a train job exact and with
-#                                          #   TF32, each of RUNS as `tunebench run`, each of SHAPES profiled
+#                                          #   TF32 (TRAINS: each job's flags joined by commas), each of RUNS as
+#                                          #   `tunebench run`, each of SHAPES profiled
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -735,8 +736,9 @@ fp32)
     C="--model tinygpt-124m --tokenizer /tmp/corpus/tokenizer --data /tmp/corpus/stdlib.jsonl --seq-len 1024"
     C="$C --batch-size 4 --grad-accum 2 --max-steps 120 --lr 1e-3 --warmup-steps 20 --eval-fraction 0.02"
     C="$C --eval-every 60 --eval-batches 10 --log-every 20 --precision fp32 --dropout 0 --tag fp32-train"
-    for g in "" "--tf32"; do
-      echo "== train fp32 $g"; tb train $C $g --output-dir "/tmp/fp32$g" 2>&1 | grep -E "^train:|tokens/s  |rror"
+    for g in ${TRAINS:-"," "--tf32"}; do  # TRAINS: each job's extra flags joined by commas ("," for none)
+      echo "== train fp32 ${g//,/ }"; tb train $C ${g//,/ } --output-dir "/tmp/fp32${g//,/}" 2>&1 \
+        | grep -E "^train:|tokens/s  |rror"
     done
   fi
   RUNS=${RUNS:-"--model llama-3.2-1b --precision fp32 --seq-len 2048 --batch-size 2

@@ -24,9 +24,9 @@ MEMORY_GOAL, SPEED_GOAL = 0.05, 0.15
 # The largest error allowed a throughput prediction; looser where the planner says the host bounds the step: the
 # host's speed moves from lease to lease (GPT-2 small s512 b16 compiled whole on H100s: 265,172-354,183 tokens/s)
 SPEED_BOUND, HOST_BOUND_SPEED_BOUND = 0.25, 0.30
-# ... and for `train` jobs, whose steps ran 3-7% slower than the same benchmark's on an H100 (GPT-2 small s1024 b4 x 2:
-# bf16 275,300 tokens/s predicted 21% faster, tf32 107,746 30% faster, their benchmark rows within 3-9%): their data
-# path and packed rows are not modelled
+# ... and for `train` jobs, whose packed rows (several examples each) carry an attention mask the planner does not
+# model: SDPA cannot take its causal kernel (GPT-2 small s1024 b4 x 2 tf32 on an H100: 107,518 tokens/s packed,
+# predicted 30% faster; 129,615 unpacked, 8%)
 TRAIN_JOB_SPEED_BOUND = 0.35
 PADDED_LOSS_SINCE = "2026-11-22T03:40"  # GPU runs from then on pad GPT-2's 50,257-row head in the loss
 FUSED_4BIT_SINCE = "2026-11-22T13:45"  # QLoRA blocks keeping matmuls keep the 4-bit ones too (models.nf4) from then
