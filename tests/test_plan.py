@@ -217,12 +217,16 @@ def test_gradients_and_optimizer_states_match_a_step(method, precision):
     assert plan.item("optimizer states") == states
 
 
-def _small_llama(tmp_path: Path) -> str:
-    cfg_json = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
-                "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
-                "max_position_embeddings": 1024}
-    (tmp_path / "config.json").write_text(json.dumps(cfg_json))
-    return str(tmp_path)
+def _tiny_model_dir(path: Path, family: str = "llama", layers: int = 2) -> str:
+    path.mkdir()
+    cfg_json = ({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                 "intermediate_size": 704, "num_hidden_layers": layers, "num_attention_heads": 8,
+                 "num_key_value_heads": 4} if family == "llama" else
+                {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 256, "n_layer": layers,
+                 "n_head": 8, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})
+    (path / "config.json").write_text(json.dumps(cfg_json | {"vocab_size": 512, "max_position_embeddings": 1024,
+                                                             "n_positions": 1024}))
+    return str(path)
 
 
 def _saved_per_token(model, seq: int, autocast: bool = False) -> float:
@@ -261,7 +265,7 @@ def test_block_activations_match_what_autograd_saves(tmp_path, monkeypatch, prec
     from tunebench.models.build import Weights, build, train_weights
 
     monkeypatch.setattr(attention, "repeats_kv", lambda query: query.element_size() == 4)
-    path = _small_llama(tmp_path)
+    path = _tiny_model_dir(tmp_path / "llama")
     cfg = RunConfig(model=path, precision=precision, strategy=strategy, seq_len=256, compile=False)
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16  # what the engine (or DeepSpeed) trains
     assert strategy != "single" or train_weights(cfg).dtype == dtype
@@ -270,18 +274,6 @@ def test_block_activations_match_what_autograd_saves(tmp_path, monkeypatch, prec
     w = workload(cfg, 1)
     assert not w.autocast
     assert activations(w).per_layer == pytest.approx(measured, rel=0.03)
-
-
-def _tiny_model_dir(path: Path, family: str, layers: int) -> str:
-    path.mkdir()
-    cfg_json = ({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
-                 "intermediate_size": 704, "num_hidden_layers": layers, "num_attention_heads": 8,
-                 "num_key_value_heads": 4} if family == "llama" else
-                {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 256, "n_layer": layers,
-                 "n_head": 8, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})
-    (path / "config.json").write_text(json.dumps(cfg_json | {"vocab_size": 512, "max_position_embeddings": 1024,
-                                                             "n_positions": 1024}))
-    return str(path)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -321,7 +313,7 @@ def test_lora_block_activations_match_what_autograd_saves(tmp_path, autocast):
     from tunebench.models import resolve_model
     from tunebench.models.build import Weights, build
 
-    path = _small_llama(tmp_path)
+    path = _tiny_model_dir(tmp_path / "llama")
     cfg = RunConfig(model=path, method="lora", precision="bf16", seq_len=256, batch_size=2, compile=False,
                     strategy="single" if autocast else "zero2")
     model, _ = build(resolve_model(path), Weights(dtype=torch.bfloat16), torch.device("cpu"))

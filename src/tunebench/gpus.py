@@ -41,8 +41,8 @@ class Gpu:
         return self.fp32_tflops * 1e12
 
     @property
-    def tf32_peak_flops(self) -> float:
-        return self.peak_flops / 2 if self.tf32 else self.fp32_peak_flops
+    def tf32_peak_flops(self) -> float:  # where `tf32`
+        return self.peak_flops / 2
 
 
 # Most specific patterns first: "H100 NVL" and "H100 PCIe" before "H100".

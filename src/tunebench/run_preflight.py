@@ -36,8 +36,8 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
         raise invalid("precision", "fp16", "fp16 training is not supported on the CPU (use bf16 or fp32)")
     if cfg.tf32 and device.type != "cuda":
         raise invalid("tf32", "true", "TF32 is a format of NVIDIA GPUs' tensor cores (use tf32 false on the CPU)")
-    if cfg.tf32 and torch.cuda.get_device_capability(device) < (8, 0):
-        major, minor = torch.cuda.get_device_capability(device)
+    if cfg.tf32 and (capability := torch.cuda.get_device_capability(device)) < (8, 0):
+        major, minor = capability
         raise invalid("tf32", "true", f"TF32 needs compute capability 8.0 or newer (Ampere on); "
                                       f"{torch.cuda.get_device_name(device)} has {major}.{minor}")
     if device.type == "cpu" and cfg.cuda_graphs is True:
