@@ -101,6 +101,9 @@
 #   bash benchmarks/gpu_proof.sh cgraphs   # the whole graph replayed as CUDA graphs: its GPU tests (the accumulation
 #                                          #   test broken on purpose must fail; BROKEN=0 skips), a train job with and
 #                                          #   without them (TRAINS: each job's flags joined by commas; none: no job)
+#   bash benchmarks/gpu_proof.sh packed    # packed rows' attention: its GPU tests, the ways timed (packed_attention.py;
+#                                          #   ATTN=0 skips), train jobs of MODEL (GPT-2 small; SEQ, BATCH, STEPS) on
+#                                          #   the standard library (JOBS: name:flags, "mask*" with varlen off)
 #   bash benchmarks/gpu_proof.sh fp32      # fp32 on a GPU: the attention and tf32 tests (grouped keys repeated for the
 #                                          #   memory-efficient kernel; TESTS=0 skips), TRAIN=1: a train job exact and with
 #                                          #   TF32 (TRAINS: each job's flags joined by commas), each of RUNS as
@@ -724,6 +727,25 @@ hostgraph)
 --model tinygpt-124m --seq-len 2048 --batch-size 1
 --model tinygpt-124m --seq-len 512 --batch-size 16
 --model tinygpt-124m --seq-len 512 --batch-size 16 --compile-scope blocks"} TAG=${TAG:-hostgraph} bash "$0" runs
+  ;;
+packed)
+  export CUDA_VISIBLE_DEVICES=0
+  if [ "${TESTS:-1}" = 1 ]; then
+    python3 -m pytest -q -rf -p no:cacheprovider tests/test_packed_attention.py tests/test_attention.py 2>&1 \
+      | grep -E "^FAILED|^E  |passed|failed" | head -20
+  fi
+  [ "${ATTN:-1}" = 0 ] || python3 benchmarks/packed_attention.py 2>&1 | grep -v Warning | tee "$OUT/packed-attention.txt"
+  python3 benchmarks/stdlib_corpus.py /tmp/corpus --vocab 32000 > /dev/null
+  C="--model ${MODEL:-tinygpt-124m} --tokenizer /tmp/corpus/tokenizer --data /tmp/corpus/stdlib.jsonl"
+  C="$C --seq-len ${SEQ:-1024} --batch-size ${BATCH:-4} --grad-accum 2 --max-steps ${STEPS:-120} --lr 1e-3"
+  C="$C --warmup-steps 20 --eval-fraction 0.02 --eval-every 60 --eval-batches 10 --log-every 20 --dropout 0 --tag packed"
+  for job in ${JOBS:-"varlen:--precision,bf16" "mask:--precision,bf16" "unpacked:--precision,bf16,--no-packing"}; do
+    name=${job%%:*}; flags=${job#*:}  # JOBS: name:flags joined by commas; "mask" turns varlen off
+    echo "== train $name ${flags//,/ }"
+    TUNEBENCH_VARLEN=$([ "${name%%-*}" = mask ] && echo 0 || echo 1) tb train $C ${flags//,/ } \
+      --output-dir "/tmp/packed-$name" 2>&1 | grep -E "^train:|tokens/s  |eval|rror" | tail -6
+  done | tee -a "$OUT/packed-train.txt"
+  tb results export --format jsonl -o "$OUT/results.jsonl" > /dev/null
   ;;
 fp32)
   export CUDA_VISIBLE_DEVICES=0

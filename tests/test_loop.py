@@ -50,3 +50,26 @@ def test_a_log_line_names_the_step_its_loss_is_from():
     assert loss_text(2.5, 10, 10) == "loss 2.5000"
     assert loss_text(2.5, 8, 10) == "loss 2.5000 (step 8)"  # read back two steps late, as on a GPU
     assert loss_text(None, 0, 41) == "loss pending"  # just after a resume, nothing read back yet
+
+
+def test_evaluation_casts_weights_without_keeping_their_copies(monkeypatch):
+    """Evaluation runs under autocast with its weight cache off: the cache kept a 16-bit copy of every weight until
+    the loop ended (Llama-3.2-1B's train job: 2.5 GiB over its step's peak); packed rows' bounds reach the model."""
+    from tunebench.config.train import TrainConfig
+    from tunebench.dist import SINGLE
+    from tunebench.engine.data import Batch
+    from tunebench.trainer import hooks
+
+    ids = torch.tensor([[1, 2, 3, 4]])
+    batch = Batch(ids, ids, torch.tensor([[0, 1, 0, 1]]), torch.tensor([0, 2, 4], dtype=torch.int32))
+    monkeypatch.setattr(hooks, "eval_batches", lambda *a, **k: iter([batch, batch]))
+    seen = []
+
+    class Model(torch.nn.Module):
+        def forward(self, ids, labels, positions, documents):
+            seen.append((torch.is_autocast_enabled("cpu"), torch.is_autocast_cache_enabled(), documents.tolist()))
+            return torch.tensor(2.0)
+
+    cfg = TrainConfig(model="tiny-llama", precision="bf16", device="cpu", data="unused.jsonl")
+    assert hooks.evaluate(Model(), None, cfg, torch.device("cpu"), SINGLE) == 2.0
+    assert seen == [(True, False, [0, 2, 4])] * 2

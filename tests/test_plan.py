@@ -24,9 +24,10 @@ MEMORY_GOAL, SPEED_GOAL = 0.05, 0.15
 # The largest error allowed a throughput prediction; looser where the planner says the host bounds the step: the
 # host's speed moves from lease to lease (GPT-2 small s512 b16 compiled whole on H100s: 265,172-354,183 tokens/s)
 SPEED_BOUND, HOST_BOUND_SPEED_BOUND = 0.25, 0.30
-# ... and for `train` jobs, whose packed rows (several examples each) carry an attention mask the planner does not
-# model: SDPA cannot take its causal kernel (GPT-2 small s1024 b4 x 2 tf32 on an H100: 107,518 tokens/s packed,
-# predicted 30% faster; 129,615 unpacked, 8%)
+# ... and for `train` jobs, whose packed rows (several examples each) the planner does not model: in fp32 they carry
+# an attention mask, so SDPA cannot take its causal kernel (GPT-2 small s1024 b4 x 2 tf32 on an H100: 107,518
+# tokens/s packed, predicted 30% faster; 129,615 unpacked, 8%); in bf16 they take the variable-length flash kernel
+# (312,482 packed, predicted 16% faster; 331,988 unpacked, 10%)
 TRAIN_JOB_SPEED_BOUND = 0.35
 PADDED_LOSS_SINCE = "2026-11-22T03:40"  # GPU runs from then on pad GPT-2's 50,257-row head in the loss
 FUSED_4BIT_SINCE = "2026-11-22T13:45"  # QLoRA blocks keeping matmuls keep the 4-bit ones too (models.nf4) from then
@@ -120,8 +121,11 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         # says so); its speed is
         zero3_qlora = r.config.get("strategy") == "zero3" and r.config["method"] == "qlora"
         uncounted = bool(r.metrics.cuda_graphs) and r.created_at < GRAPH_POOLS_COUNTED_SINCE
+        # a train job that evaluated beside CUDA graphs' pools (counted in full): its evaluation's eager forward and
+        # cast head come on top of the step's memory, which the planner (one step) does not model
+        evaluated = bool(r.metrics.cuda_graphs and r.metrics.job and r.metrics.job.eval_data)
         apart += whole
-        if not whole and not float8 and not zero3_qlora and not uncounted:
+        if not whole and not float8 and not zero3_qlora and not uncounted and not evaluated:
             mem_err.append(abs(em))
         # tune trials of the first tunes ran 3 warmup steps: not yet steady (the same DDP configuration ran
         # 36% slower than in a full run); their throughput is shown, not held to the goal
@@ -146,7 +150,8 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
                      f"{'  (not modelled: whole-model compile, padded GPT-2 loss still eager)' if whole and not before and not math_fp32 else ''}"
                      f"{'  (QLoRA under ZeRO-3: memory not modelled)' if zero3_qlora else ''}"
                      f"{'  (float8: memory predicted as bf16)' if float8 else ''}"
-                     f"{'  (CUDA graphs: their pools left out of the memory measured)' if uncounted else ''}")
+                     f"{'  (CUDA graphs: their pools left out of the memory measured)' if uncounted else ''}"
+                     f"{'  (evaluated beside CUDA graphs: memory not modelled)' if evaluated and not uncounted else ''}")
     within_mem = sum(e <= MEMORY_GOAL for e in mem_err)
     within_tps = sum(e <= SPEED_GOAL for e in tps_err)
     with capsys.disabled():

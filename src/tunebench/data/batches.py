@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from tunebench.data.prepare import Prepared
-from tunebench.engine.data import Batch
+from tunebench.engine.data import Batch, documents_of
 from tunebench.errors import UserError
 
 
@@ -24,10 +24,30 @@ class Position:
     micro: int = 0  # global micro-batches taken in this epoch
 
 
-def _to(device: torch.device, a: np.ndarray) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a)).long()
+def _to(device: torch.device, a: np.ndarray | torch.Tensor) -> torch.Tensor:
+    t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a)).long()
     # pinned, so the copy does not make the host wait for the GPU's queue
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+def capacity(positions: np.ndarray, batch_size: int, chunk: int = 4096) -> int:
+    """The most examples a batch of `batch_size` rows can hold: the fullest row's count times the batch (read
+    once, a chunk of rows at a time: the positions may be a memory-mapped file larger than memory)."""
+    most = 1
+    for i in range(0, len(positions), chunk):
+        rows = np.asarray(positions[i:i + chunk])
+        most = max(most, int(((rows == 0).sum(axis=1) + (rows[:, 0] != 0)).max()))
+    return most * batch_size
+
+
+def _batch(device: torch.device, ids: np.ndarray, labels: np.ndarray, positions: np.ndarray | None,
+           examples: int) -> Batch:
+    """Rows onto the device; packed rows with their position ids and their examples' bounds (padded to
+    `examples`, the job's capacity, so every batch has one shape)."""
+    if positions is None:
+        return Batch(_to(device, ids), _to(device, labels))
+    pos = torch.from_numpy(np.ascontiguousarray(positions)).long()
+    return Batch(_to(device, ids), _to(device, labels), _to(device, pos), _to(device, documents_of(pos, examples)))
 
 
 class DatasetBatches:
@@ -40,6 +60,7 @@ class DatasetBatches:
             raise UserError(f"invalid batch_size={batch_size}: the data has {len(self.ids)} rows of seq_len "
                             f"{prepared.stats['seq_len']}, fewer than one global batch of {self.global_batch}")
         self.device, self.seed = device, seed
+        self.examples = 0 if self.positions is None else capacity(self.positions, batch_size)
         self.pos = start or Position()
         self._order = self._permutation(self.pos.epoch)
 
@@ -53,18 +74,18 @@ class DatasetBatches:
         first = self.pos.micro * self.global_batch + self.rank * self.batch
         rows = np.sort(self._order[first:first + self.batch])  # sorted: memory-mapped reads go forward
         self.pos = Position(self.pos.epoch, self.pos.micro + 1)
-        return Batch(_to(self.device, self.ids[rows]), _to(self.device, self.labels[rows]),
-                     None if self.positions is None else _to(self.device, self.positions[rows]))
+        return _batch(self.device, self.ids[rows], self.labels[rows],
+                      None if self.positions is None else self.positions[rows], self.examples)
 
 
 def eval_batches(prepared: Prepared, batch_size: int, device: torch.device, rank: int = 0, world_size: int = 1,
                  limit: int | None = None) -> Iterator[Batch]:
     """This rank's share of the validation rows, in order (at most `limit` batches per rank)."""
     ids, labels, positions = prepared.arrays()
+    examples = 0 if positions is None else capacity(positions, batch_size)
     share = range(rank, len(ids), world_size)
     for n, i in enumerate(range(0, len(share), batch_size)):
         if limit is not None and n >= limit:
             return
         rows = np.asarray(share[i:i + batch_size])
-        yield Batch(_to(device, ids[rows]), _to(device, labels[rows]),
-                    None if positions is None else _to(device, positions[rows]))
+        yield _batch(device, ids[rows], labels[rows], None if positions is None else positions[rows], examples)

@@ -8,12 +8,31 @@ import torch
 
 
 class Batch(NamedTuple):
-    """One micro-batch: input ids, their next-token labels (-100: not trained on), and position ids where
-    rows pack several examples (None: one sequence per row)."""
+    """One micro-batch: input ids, their next-token labels (-100: not trained on), and where rows pack several
+    examples, their position ids and the examples' bounds in the rows flattened (`documents_of`; None: one
+    sequence per row)."""
 
     ids: torch.Tensor
     labels: torch.Tensor
     positions: torch.Tensor | None = None
+    documents: torch.Tensor | None = None
+
+
+def documents_of(positions: torch.Tensor, capacity: int | None) -> torch.Tensor:
+    """Where each example starts in the (B, S) rows flattened, then B*S: the cumulative offsets variable-length
+    attention takes (int32). An example starts where its position is 0, and at every row's start.
+
+    `capacity`: the offsets are padded with B*S (examples of length 0) to capacity + 1 entries, so every batch of
+    a job has the same shape and a compiled graph is traced once; None: no padding."""
+    b, s = positions.shape
+    starts = positions.reshape(-1) == 0
+    starts[::s] = True
+    bounds = torch.cat([starts.nonzero().reshape(-1), torch.tensor([b * s], device=positions.device)])
+    if capacity is not None:
+        if len(bounds) > capacity + 1:
+            raise ValueError(f"{len(bounds) - 1} examples in a batch whose capacity is {capacity}")
+        bounds = torch.cat([bounds, bounds.new_full((capacity + 1 - len(bounds),), b * s)])
+    return bounds.to(torch.int32)
 
 
 class SyntheticTokens:

@@ -47,11 +47,14 @@ class CausalLMWithLoss(nn.Module):
         self.fuse_head = fuse_head  # False where the head's weight is only gathered by its own forward (ZeRO-3)
         self.masked_labels = masked_labels  # real data: some labels are ignored (-100)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
         hf = unwrap(self.model)
-        # Rows without position ids are whole sequences: plainly causal, which transformers cannot tell when traced
-        extra = {"plain_causal": True} if position_ids is None and hf.config._attn_implementation == SDPA else {}
+        extra = {}
+        if hf.config._attn_implementation == SDPA:
+            # Rows without position ids are whole sequences: plainly causal, which transformers cannot tell when
+            # traced; packed rows' examples are attended apart (models.attention)
+            extra = {"plain_causal": True} if position_ids is None else {"documents": documents}
         hidden = hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
         hidden = hidden.last_hidden_state
         return causal_lm_loss(hidden, hf.get_output_embeddings(), labels, self.vocab_size, fuse=self.fuse_head,

@@ -60,7 +60,7 @@ def evaluate(module, prepared, cfg, device: torch.device, ctx: DistContext) -> f
     """Mean loss over the validation tokens (every rank its share, summed over ranks)."""
     module.eval()
     total = torch.zeros(2, device=device, dtype=torch.float64)
-    with torch.no_grad(), autocast(cfg, device), _eagerly(module):
+    with torch.no_grad(), autocast(cfg, device, cache=False), _eagerly(module):
         for b in eval_batches(prepared, cfg.batch_size, device, ctx.rank, ctx.world_size, cfg.eval_batches):
             n = (b.labels != -100).sum()
             total += torch.stack([module(*b).double() * n, n.double()])
