@@ -54,7 +54,7 @@ def test_a_log_line_names_the_step_its_loss_is_from():
 
 def test_evaluation_casts_weights_without_keeping_their_copies(monkeypatch):
     """Evaluation runs under autocast with its weight cache off: the cache kept a 16-bit copy of every weight until
-    the loop ended (Llama-3.2-1B's train job: 2.5 GiB over its step's peak); packed rows' bounds reach the model."""
+    the loop ended (Llama-3.2-1B's train job peaked 1.8 GiB higher with it); packed rows' bounds reach the model."""
     from tunebench.config.train import TrainConfig
     from tunebench.dist import SINGLE
     from tunebench.engine.data import Batch

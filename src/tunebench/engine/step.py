@@ -42,7 +42,8 @@ class Batches(Protocol):
 def autocast(cfg: RunConfig, device: torch.device, cache: bool = True) -> contextlib.AbstractContextManager:
     """Mixed precision as the precision asks. `cache`: keep each weight's 16-bit copy until the context ends, as
     a training forward wants (its backward uses them); an evaluation loop without it holds one weight's copy at a
-    time (Llama-3.2-1B's train job peaked 2.5 GiB, every weight in bf16, over its step when it evaluated)."""
+    time (Llama-3.2-1B's train job, evaluating beside CUDA graphs: 31.14 GiB against 32.95 with every weight's
+    bf16 copy kept; benchmarks/RESULTS.md)."""
     if cfg.precision in ("fp32", "bf16-pure"):  # nothing to cast: the weights already are what computes
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
