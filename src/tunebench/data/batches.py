@@ -7,8 +7,10 @@ micro-batches taken) is all a checkpoint needs to continue exactly where it stop
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,6 +42,13 @@ def capacity(positions: np.ndarray, batch_size: int, chunk: int = 4096) -> int:
     return most * batch_size
 
 
+@functools.lru_cache(maxsize=8)
+def _fullest_row(path: Path) -> int:
+    """Examples in a prepared folder's fullest row, read once per process (every evaluation asks again; the folder
+    never changes once written)."""
+    return capacity(np.load(path / "positions.npy", mmap_mode="r"), 1)
+
+
 def _batch(device: torch.device, ids: np.ndarray, labels: np.ndarray, positions: np.ndarray | None,
            examples: int) -> Batch:
     """Rows onto the device; packed rows with their position ids and their examples' bounds (padded to
@@ -60,7 +69,7 @@ class DatasetBatches:
             raise UserError(f"invalid batch_size={batch_size}: the data has {len(self.ids)} rows of seq_len "
                             f"{prepared.stats['seq_len']}, fewer than one global batch of {self.global_batch}")
         self.device, self.seed = device, seed
-        self.examples = 0 if self.positions is None else capacity(self.positions, batch_size)
+        self.examples = 0 if self.positions is None else _fullest_row(prepared.path) * batch_size
         self.pos = start or Position()
         self._order = self._permutation(self.pos.epoch)
 
@@ -82,7 +91,7 @@ def eval_batches(prepared: Prepared, batch_size: int, device: torch.device, rank
                  limit: int | None = None) -> Iterator[Batch]:
     """This rank's share of the validation rows, in order (at most `limit` batches per rank)."""
     ids, labels, positions = prepared.arrays()
-    examples = 0 if positions is None else capacity(positions, batch_size)
+    examples = 0 if positions is None else _fullest_row(prepared.path) * batch_size
     share = range(rank, len(ids), world_size)
     for n, i in enumerate(range(0, len(share), batch_size)):
         if limit is not None and n >= limit:
