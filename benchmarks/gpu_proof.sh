@@ -728,6 +728,32 @@ hostgraph)
 --model tinygpt-124m --seq-len 512 --batch-size 16
 --model tinygpt-124m --seq-len 512 --batch-size 16 --compile-scope blocks"} TAG=${TAG:-hostgraph} bash "$0" runs
   ;;
+peakparts)  # each of RUNS (`tunebench run` flags, bf16 compiled whole unless they say) with its recorded peak taken
+  # apart (peak_parts.py; PEAK_PARTS_TRACE=1: what the graphs' pools held at their largest), then train jobs (TRAIN=0
+  # skips; MODELS)
+  export CUDA_VISIBLE_DEVICES=0
+  RUNS=${RUNS:-"--model llama-3.2-1b --seq-len 1024 --batch-size 4 --grad-accum 1
+--model llama-3.2-1b --seq-len 1024 --batch-size 4 --grad-accum 2
+--model llama-3.2-1b --seq-len 1024 --batch-size 4 --grad-accum 2 --no-cuda-graphs
+--model tinygpt-124m --seq-len 1024 --batch-size 4 --grad-accum 2 --dropout 0"}
+  while IFS= read -r args; do
+    [ -n "$args" ] || continue
+    echo "== run $args"
+    timeout 300 python3 benchmarks/peak_parts.py run --precision bf16 --compile --compile-scope model $args \
+      --steps 20 --warmup 8 --tag peakparts 2>&1 | grep -E "PEAK PARTS|POOL|tokens/s  |peak|rror" | grep -v "step [0-9]*/"
+  done <<< "$RUNS" | tee "$OUT/peak-parts.txt"
+  if [ "${TRAIN:-1}" = 1 ]; then
+    python3 benchmarks/stdlib_corpus.py /tmp/corpus --vocab 32000 > /dev/null
+    for model in ${MODELS:-llama-3.2-1b tinygpt-124m}; do
+      echo "== train $model"
+      python3 benchmarks/peak_parts.py train --model "$model" --tokenizer /tmp/corpus/tokenizer \
+        --data /tmp/corpus/stdlib.jsonl --seq-len 1024 --batch-size 4 --grad-accum 2 --max-steps 60 --lr 1e-3 \
+        --warmup-steps 10 --eval-fraction 0.02 --eval-every 30 --eval-batches 10 --log-every 20 --precision bf16 \
+        --dropout 0 --tag peakparts --output-dir "/tmp/peak-$model" 2>&1 | grep -E "PARTS|^train:|tokens/s  |rror"
+    done | tee -a "$OUT/peak-parts.txt"
+  fi
+  tb results export --format jsonl -o "$OUT/results.jsonl" > /dev/null
+  ;;
 packed)
   export CUDA_VISIBLE_DEVICES=0
   if [ "${TESTS:-1}" = 1 ]; then

@@ -34,6 +34,30 @@ def tb(capsys):
     return _run
 
 
+_cpu_adam_build: subprocess.Popen | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """DeepSpeed compiles its CPU Adam (offload=optimizer) on first use, 45 s on CI's two cores: when a collected
+    test needs it, it is built aside on one core, niced, while the tests before it run. A test that gets there
+    first waits on the build's lock (torch.utils.cpp_extension), as it would on its own build."""
+    global _cpu_adam_build
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None or not any(i.get_closest_marker("cpu_adam") for i in session.items):
+        return
+    _cpu_adam_build = subprocess.Popen(
+        [sys.executable, "-c", "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ | {"MAX_JOBS": "1"},
+        preexec_fn=lambda: os.nice(10))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Never left half-built: a build killed holding its lock would leave every later load waiting on it."""
+    if _cpu_adam_build is not None:
+        _cpu_adam_build.wait()
+
+
 def run_json(tb, store: Path, *extra: str) -> dict:
     code, out, err = tb("run", *QUICK, "--json", "--store", str(store), *extra)
     rec = json.loads(out)

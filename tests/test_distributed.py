@@ -121,6 +121,7 @@ def test_shard_size_refused(tb, argv, needle):
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.cpu_adam
 def test_offloaded_optimizer_same_losses_as_single(tmp_path, single_losses):
     """offload=optimizer: DeepSpeed's CPU Adam steps the fp32 partitions on the host, the same update as AdamW."""
     rec = _run(tmp_path / "r.db", *EQUIV, "--strategy", "zero3", "--offload", "optimizer", "--nproc-per-node", "2")

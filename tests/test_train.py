@@ -330,7 +330,8 @@ def test_prediction_from_a_stored_benchmark(tb, local, tmp_path):
 # HSDP (a 2 x 1 mesh) saves and loads through the same sharded state as FSDP2 (its losses: test_distributed's
 # test_hybrid_sharding_same_losses_as_single); left out of this test for the suite's time, as ZeRO-2 is.
 @pytest.mark.parametrize("strategy,method,extra", [("fsdp", "full", ()), ("fsdp", "qlora", ()), ("zero3", "qlora", ()),
-                                                   ("zero3", "full", ("--offload", "optimizer"))])
+                                                   pytest.param("zero3", "full", ("--offload", "optimizer"),
+                                                                marks=pytest.mark.cpu_adam)])
 def test_distributed_job_checkpointed_and_resumed(local, tmp_path, strategy, method, extra):
     common = _args(local, "--strategy", strategy, "--nproc-per-node", "2", "--batch-size", "2", "--max-steps", "8",
                    "--method", method, *extra, "--no-store", "--json", "--save-every", "4")

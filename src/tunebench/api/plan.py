@@ -1,6 +1,7 @@
 """Predictions for configurations: on which GPU, how many of them, with the store's hardware measurements.
 
     plan(cfg, gpu=None, world=None, store=None)       one Prediction (the GPU named, or this machine's)
+    evaluates(train_config)                           whether a train job evaluates (a memory phase of its own)
     compare(cfg, gpu, worlds, strategies, store)      one row per strategy x world size (refusals named)
     prediction_for(rec)                               what the planner says of a finished run's config
 """
@@ -64,13 +65,20 @@ def default_world(cfg: RunConfig, detected: int) -> int:
 
 
 def plan(cfg: RunConfig, gpu: str | None = None, world: int | None = None,
-         store: str | Path | None = None) -> Prediction:
+         store: str | Path | None = None, evaluates: bool = False) -> Prediction:
+    """`evaluates`: the run is a train job that evaluates between its steps (evaluates(train_cfg) says)."""
     target, detected = target_gpu(gpu)
-    return predict(cfg, target, world or default_world(cfg, detected), measured_hw(store, target))
+    return predict(cfg, target, world or default_world(cfg, detected), measured_hw(store, target), evaluates)
+
+
+def evaluates(train_config: dict) -> bool:
+    """A train job's config holds out rows to evaluate on (eval_data, or a fraction of its data)."""
+    return bool(train_config.get("eval_data") or train_config.get("eval_fraction"))
 
 
 def compare(cfg: RunConfig, gpu: str | None = None, worlds: list[int] | None = None,
-            strategies: list[str] | None = None, store: str | Path | None = None) -> list[Row]:
+            strategies: list[str] | None = None, store: str | Path | None = None,
+            evaluates: bool = False) -> list[Row]:
     """The configuration under each strategy and world size; a strategy that refuses it says why."""
     unknown = [n for n in strategies or [] if n not in STRATEGIES]
     if unknown:
@@ -84,7 +92,7 @@ def compare(cfg: RunConfig, gpu: str | None = None, worlds: list[int] | None = N
                 continue
             try:
                 variant = cfg.model_copy(update={"strategy": name, "nproc_per_node": world // cfg.nnodes or 1})
-                rows.append(Row(name, world, predict(variant, target, world, measured)))
+                rows.append(Row(name, world, predict(variant, target, world, measured, evaluates)))
             except UserError as err:
                 rows.append(Row(name, world, None, str(err)))
     return rows
@@ -127,7 +135,8 @@ def prediction_for(rec: ResultRecord, store: str | Path | None = None) -> dict |
     if rec.kind != "train" or rec.environment.get("device") != "cuda" or gpu is None:
         return None
     try:
-        p = predict(run_config(what_ran(rec)), gpu, rec.metrics.world_size, measured_hw(store, gpu)).as_dict()
+        p = predict(run_config(what_ran(rec)), gpu, rec.metrics.world_size, measured_hw(store, gpu),
+                    bool(rec.metrics.job and rec.metrics.job.eval_data)).as_dict()
     except (UserError, ValueError):
         return None
     return {k: p[k] for k in STORED} | {"peak_phase": p["breakdown"]["peak_phase"], "bound": p["breakdown"]["bound"]}

@@ -3,7 +3,7 @@
     workload(cfg, world)      what the configuration asks of each GPU (counts, dtypes), no torch
     memory(workload)          peak allocated bytes by item and phase; context and allocator reserve
     step_time(workload, hw)   seconds per step from FLOPs, bytes moved, host time and collectives
-    predict(cfg, gpu, world)  both, and the verdict against the GPU's memory
+    predict(cfg, gpu, world)  both, and the verdict against the GPU's memory (evaluates: a train job's evaluations)
 
 A prediction carries the record's own metric names (peak_mem_allocated_bytes, tokens_per_s,
 step_time_s), so a run stores it beside what it measured and a report compares the two.
@@ -86,9 +86,11 @@ def model_flops_per_token(w: Workload) -> float:
     return 4.0 * matmul + 6.0 * w.lora_params + attention
 
 
-def predict(cfg: RunConfig, gpu: Gpu, world: int = 1, measured: list[tuple[str, dict]] = ()) -> Prediction:
-    """The prediction for `cfg` on `world` GPUs of kind `gpu`; `measured`: (hw record id, metrics) to use."""
-    w = workload(cfg, world)
+def predict(cfg: RunConfig, gpu: Gpu, world: int = 1, measured: list[tuple[str, dict]] = (),
+            evaluates: bool = False) -> Prediction:
+    """The prediction for `cfg` on `world` GPUs of kind `gpu`; `measured`: (hw record id, metrics) to use;
+    `evaluates`: a train job that evaluates between its steps (its memory has that phase too)."""
+    w = workload(cfg, world, evaluates)
     hw = hardware(gpu, measured)
     return Prediction(w.cfg, world, hw, memory(w), step_time(w, hw), model_flops_per_token(w))
 

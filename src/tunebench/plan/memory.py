@@ -5,6 +5,8 @@ The allocator's peak (what runs record as peak_mem_allocated_bytes) is the large
   backward  the same, as the first block's gradient temporaries and the head's gradient appear
             (with checkpointing: one block's activations rebuilt, and its temporaries)
   step      the model states, every gradient, and the optimizer's temporaries
+and, for a train job that evaluates, a fourth: its eager forward between steps, beside the model states (and the
+CUDA graphs' pool, which runs count in full).
 With offload=optimizer the fp32 master weights and Adam's state live in host memory instead (host_bytes); with
 offload=activations the blocks' saved activations do, but for the few in flight.
 Beyond the allocator's peak a GPU also holds the CUDA context (kernels, cuBLAS and NCCL workspaces)
@@ -37,6 +39,8 @@ CONTEXT_BYTES = {1: int(1.45 * GIB), "nccl": int(2.1 * GIB), "nccl-multi": int(2
 # not, and the pools are nobody else's to reuse; fitted on GPT-2 small on an H100 (s512 b1, s2048 b1, s512 b4 x 4,
 # s512 b16: 0.04-0.31 GiB above the launched kernels' peak, or the model's)
 CUDA_GRAPH_POOL_SLACK = 0.15 * GIB
+# engine.loss: evaluation's chunks are this fraction of training's (EVAL_CHUNK_FRACTION)
+EVAL_CHUNK_FRACTION = 8
 # Measured reserve (reserved / allocated - 1), per strategy: FSDP2's all-gathers on their own stream fragment most.
 RESERVE_FRACTION = {"single": 0.08, "ddp": 0.06, "fsdp": 0.3, "zero2": 0.15, "zero3": 0.2}
 
@@ -51,7 +55,7 @@ class Item:
 @dataclass
 class MemoryPlan:
     items: list[Item] = field(default_factory=list)  # everything the step allocates, at its largest
-    phases: dict[str, float] = field(default_factory=dict)  # forward / backward / step -> allocated bytes
+    phases: dict[str, float] = field(default_factory=dict)  # forward / backward / step [/ evaluation] -> bytes
     activations: Activations | None = None
     paged_bytes: float = 0.0  # paged optimizer state: managed memory outside the allocator
     host_bytes: float = 0.0  # host memory of each GPU's process: offload=optimizer's fp32 masters, Adam and
@@ -223,6 +227,52 @@ def _step_temps(w: Workload) -> float:
     return w.param_bytes * w.trainable / w.sharded if w.cfg.optimizer == "adamw" else 0.0
 
 
+def _graph_pool(w: Workload, acts: float, loss: float, act: Activations) -> float:
+    """The CUDA graphs' pool's segments, which runs count in full: the forward's graph's tensors (the saved
+    activations, the loss's chunk), then the backward's (every gradient, the last block's temporaries) beside the
+    forward's saved ones, as if none of their memory were reused. The pool's live bytes never reach that: the
+    segments outgrow them by what the backward's recording could not reuse of the saved activations it freed.
+    Measured (benchmarks/peak_parts.py, PEAK_PARTS_TRACE=1, H200): Llama-3.2-1B compiled whole, bf16 s1024 b4: 12.01
+    GiB of segments, 8.99 alive at most (as the eager forward's: 9.26 here), this 12.5; fp32 s2048 b2: 14.21 and
+    12.84, this 15.9 (some reuse there, not modelled: 1.7 GiB over); GPT-2 small s1024 b4: 2.32 and 2.07, its loss's
+    chunk outweighing its gradients (the forward's term, 2.3)."""
+    backward = acts + head_grad_kept(w) + _grads(w) + _backward_temps(w, act)
+    return max(acts + loss, backward)
+
+
+def _evaluation_temps(w: Workload) -> float:
+    """An evaluation's eager forward under no_grad (trainer.hooks.evaluate): the head cast to the compute dtype
+    (autocast without its cache casts one weight at a time), a chunk of logits in the compute dtype and in fp32,
+    and one block's temporaries (measured on an H100, benchmarks/peak_parts.py: +0.70 GiB for Llama-3.2-1B s1024 b4,
+    +0.24 for GPT-2 small, above the step's gradients, states and pool)."""
+    s, cb = w.spec, w.compute_bytes
+    inner = s.shape.get("intermediate_size") or s.shape.get("n_inner") or 4 * s.hidden_size
+    cast = cb * w.counts.head if w.autocast else 0.0
+    rows = min(w.tokens, max(128, chunk_rows(w) // EVAL_CHUNK_FRACTION))
+    return cast + rows * s.vocab_size * (cb + 4) + w.tokens * (2 * inner * cb + 6 * s.hidden_size * 4)
+
+
+def _grads_in_forward(w: Workload, grads: float) -> float:
+    """Gradients alive through the forward. Accumulation keeps them across micro-batches. DDP keeps its buckets (the
+    gradients' storage after the first step) and, measured, a second copy of the gradients when it communicates or
+    accumulates."""
+    if w.strategy.name == "ddp":
+        return grads * (2 if w.world > 1 or w.cfg.grad_accum > 1 else 1)
+    if w.strategy.name == "fsdp" and w.cfg.grad_accum > 1:  # no_sync accumulates unsharded gradients
+        return w.compute_bytes * w.trainable
+    return grads if w.cfg.grad_accum > 1 else 0.0
+
+
+def _weight_casts(w: Workload) -> float:
+    """fp32 weights under autocast on one GPU, compiled: each block linear's bf16 copy, made in forward, is what its
+    backward multiplies by; without checkpointing the graph keeps it until then (Llama-3.2-1B full, fused AdamW,
+    on an H200: the backward's peak 2.3 GiB above what the rest explains, ~2 bytes a block parameter; foreach
+    AdamW's step peak hid it). Not added under DDP, whose records already fit (within 3%), nor FSDP2 (bf16
+    weights gathered per block)."""
+    whole_fp32 = w.full and w.autocast and w.strategy.name == "single"
+    return 2 * w.counts.block_linears if (whole_fp32 and w.cfg.compile and not w.checkpointed_share) else 0.0
+
+
 def memory(w: Workload) -> MemoryPlan:
     act = activations(w)
     weights, working = _weights(w), _working(w)
@@ -234,21 +284,8 @@ def memory(w: Workload) -> MemoryPlan:
     resident = min(w.layers, OFFLOAD_RESIDENT_BLOCKS) / w.layers if w.activations_offloaded else 1.0
     acts = saved * resident + w.tokens * act.outside
     persistent = sum(i.bytes for i in weights + working) + opt
-    # Accumulation keeps gradients across micro-batches. DDP keeps its buckets (the gradients' storage after
-    # the first step) and, measured, a second copy of the gradients when it communicates or accumulates.
-    grads_in_forward = grads if w.cfg.grad_accum > 1 else 0.0
-    if w.strategy.name == "ddp":
-        grads_in_forward = grads * (2 if w.world > 1 or w.cfg.grad_accum > 1 else 1)
-    if w.strategy.name == "fsdp" and w.cfg.grad_accum > 1:  # no_sync accumulates unsharded gradients
-        grads_in_forward = w.compute_bytes * w.trainable
-    # fp32 weights under autocast on one GPU, compiled: each block linear's bf16 copy, made in forward, is what its
-    # backward multiplies by; without checkpointing the graph keeps it until then (Llama-3.2-1B full, fused AdamW,
-    # on an H200: the backward's peak 2.3 GiB above what the rest explains, ~2 bytes a block parameter; foreach
-    # AdamW's step peak hid it). Not added under DDP, whose records already fit (within 3%), nor FSDP2 (bf16
-    # weights gathered per block).
-    whole_fp32 = w.full and w.autocast and w.strategy.name == "single"
-    casts = 2 * w.counts.block_linears if (whole_fp32 and w.cfg.compile and not w.checkpointed_share) else 0.0
-    acts += casts
+    grads_in_forward = _grads_in_forward(w, grads)
+    acts += _weight_casts(w)
     forward = persistent + grads_in_forward + acts + kept_loss + loss_transient
     # backward: first the loss's gradients, then (once they are freed) the last block's temporaries
     backward = (persistent + grads_in_forward + acts + _backward_buffers(w)
@@ -258,17 +295,28 @@ def memory(w: Workload) -> MemoryPlan:
         root = w.counts.embeddings + (0 if w.counts.tied else w.counts.head)
         backward = max(backward, persistent + grads + (2 * root + 4 * w.counts.per_block) * w.full)
     step = persistent + grads + _step_temps(w)
-    pools = CUDA_GRAPH_POOL_SLACK if w.cuda_graphs else 0.0
-    forward, backward, step = forward + pools, backward + pools, step + pools
+    pools = 0.0
+    if w.cuda_graphs:  # the graphs' pool, counted in full (phases: what lives outside it, and the pool)
+        pools = _graph_pool(w, acts, kept_loss + loss_transient, act) + CUDA_GRAPH_POOL_SLACK
+        outside = persistent + grads_in_forward  # accumulation's gradients live outside, added into (grads_kept)
+        forward, backward, step = outside + pools, outside + pools, outside + pools + _step_temps(w)
+    phases = {"forward": forward, "backward": backward, "step": step}
+    if w.evaluates:  # between steps, eagerly and outside the pool: the pool and the kept gradients stay
+        phases["evaluation"] = persistent + grads_in_forward + pools + _evaluation_temps(w)
     items = weights + [Item("optimizer states", opt + paged, w.cfg.optimizer + (" (paged: managed memory)" if paged
                                                                                else "")),
                        Item("gradients", grads, "bf16 partition" if w.deepspeed else "bf16" if w.pure else "fp32"),
                        Item("activations", acts, act.note),
                        Item("loss chunk", loss_transient + kept_loss, "logits of one chunk; the head's gradient")]
     items += working
-    if pools:
-        items.append(Item("CUDA graphs' pools", pools, "beyond what their tensors need (cuda_graphs)"))
-    plan = MemoryPlan(items, {"forward": forward, "backward": backward, "step": step}, act, paged)
+    if pools:  # the activations, the loss's chunk and (but for accumulation's) the gradients are the pool's
+        beyond = pools - acts - kept_loss - loss_transient - (grads - grads_in_forward)
+        items.append(Item("CUDA graphs' pools", max(beyond, 0.0), "beyond the tensors above: backward's outputs "
+                                                                   "recorded beside the forward's (cuda_graphs)"))
+    if w.evaluates:
+        items.append(Item("evaluation", _evaluation_temps(w), "eager forward between steps: the head cast, "
+                                                              "a chunk of logits, one block's temporaries"))
+    plan = MemoryPlan(items, phases, act, paged)
     if w.offloaded:  # fp32 master weights, Adam's two moments and the fp32 gradients of the partition
         plan.host_bytes = 16 * w.trainable / w.sharded
     if w.activations_offloaded:  # pinned

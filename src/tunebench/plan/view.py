@@ -17,9 +17,8 @@ def summary_table(p: Prediction) -> Table:
     tab = Table(["", ""], title=title, show_header=False)
     tab.add("verdict", f"{p.verdict}: needs {gib(m.total)} of {gib(p.hw.gpu.memory_bytes)} per GPU "
                        f"({pct(m.total / p.hw.gpu.memory_bytes)})")
-    tab.add("peak allocated", f"{gib(m.peak_allocated)} per GPU, in the {m.peak_phase}  "
-                              f"(forward {gib(m.phases['forward'])}, backward {gib(m.phases['backward'])}, "
-                              f"step {gib(m.phases['step'])})")
+    phases = ", ".join(f"{name} {gib(b)}" for name, b in m.phases.items())
+    tab.add("peak allocated", f"{gib(m.peak_allocated)} per GPU, in the {m.peak_phase}  ({phases})")
     beyond = f"allocator reserve {gib(m.reserve_bytes)}, CUDA context {gib(m.context_bytes)}"
     if m.paged_bytes:
         beyond += f", paged optimizer state {gib(m.paged_bytes)}"

@@ -35,6 +35,7 @@ class Workload:
     world: int  # GPUs in the run
     family: Family
     targets: tuple[Linear, ...]  # one block's linears that get LoRA adapters (empty for full)
+    evaluates: bool = False  # a train job that evaluates on held-out rows between its steps
 
     @property
     def tokens(self) -> int:
@@ -224,8 +225,9 @@ def lora_targets(c: Counts, targets: list[str]) -> tuple[Linear, ...]:
     return tuple(lin for lin in c.linears if any(lin.name == t or t.endswith("." + lin.name) for t in targets))
 
 
-def workload(cfg: RunConfig, world: int) -> Workload:
-    """The workload of `cfg` on `world` GPUs. Refuses models whose architecture the planner does not know."""
+def workload(cfg: RunConfig, world: int, evaluates: bool = False) -> Workload:
+    """The workload of `cfg` on `world` GPUs (`evaluates`: a train job's evaluations between steps). Refuses models
+    whose architecture the planner does not know."""
     spec = resolve_model(cfg.model)
     family, c = _family(spec), counts(spec)
     if family is None or c is None:
@@ -235,4 +237,4 @@ def workload(cfg: RunConfig, world: int) -> Workload:
     strategy.check(cfg, world, packages=False)
     cfg = cfg.resolved("cuda", c.per_block, compiles_whole_model(cfg))
     targets = () if cfg.method == "full" else lora_targets(c, cfg.lora_targets)
-    return Workload(cfg, spec, c, strategy, world, family, targets)
+    return Workload(cfg, spec, c, strategy, world, family, targets, evaluates)
