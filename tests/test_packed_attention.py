@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tunebench import RunConfig
-from tunebench.data.batches import capacity
+from tunebench.data.prepare import fullest_row
 from tunebench.engine.data import documents_of
 from tunebench.models import attention
 
@@ -26,11 +26,12 @@ def test_documents_mark_each_example_in_the_rows_flattened():
         documents_of(PACKED, 4)
 
 
-def test_capacity_is_the_fullest_row_times_the_batch():
+def test_the_fullest_row_counts_every_example_start():
+    """A batch's capacity is the fullest row's examples times the batch (data.batches)."""
     rows = np.array([[0, 1, 0, 1], [0, 0, 0, 1], [3, 0, 1, 2]], dtype=np.int32)
-    assert capacity(rows, 4) == 12
-    assert capacity(rows, 2, chunk=1) == 6  # read a row at a time: the same
-    assert capacity(rows[2:], 1) == 2  # the row's own start counts
+    assert fullest_row(rows) == 3
+    assert fullest_row(rows, chunk=1) == 3  # read a row at a time: the same
+    assert fullest_row(rows[2:]) == 2  # the row's own start counts
 
 
 def _reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, window_size=None, enable_gqa=False,

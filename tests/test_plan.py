@@ -550,9 +550,9 @@ def test_cuda_graphs_leave_the_host_its_bookkeeping_only():
 
 
 def test_cuda_graphs_pool_holds_the_backward_beside_the_saved_activations():
-    """Replayed as CUDA graphs, runs count the pool's segments in full, and the backward's recording does not reuse
-    what the forward's saved activations held (benchmarks/peak_parts.py, Llama-3.2-1B bf16 s1024 b4: 25.82 GiB on
-    an H100 and an H200, its pool 12.0 GiB of segments with 9.0 alive at most): each phase is what lives outside
+    """Replayed as CUDA graphs, runs count the pool's segments in full, and the backward's recording reuses little
+    of what the forward's saved activations held (benchmarks/peak_parts.py, Llama-3.2-1B bf16 s1024 b4: 25.82 GiB
+    on an H100 and an H200, its pool 12.0 GiB of segments with 9.0 alive at most): each phase is what lives outside
     the pool, and the pool; the eager step's gradients take the activations' place instead."""
     gpu = match("H100")
     cfg = RunConfig(model="llama-3.2-1b", seq_len=1024, batch_size=4, precision="bf16", compile=True,
@@ -560,7 +560,7 @@ def test_cuda_graphs_pool_holds_the_backward_beside_the_saved_activations():
     replayed, launched = (predict(cfg.model_copy(update={"cuda_graphs": g}), gpu, 1).mem for g in (True, False))
     grads = replayed.item("gradients")
     assert len(set(replayed.phases.values())) == 1
-    assert replayed.peak_allocated - launched.peak_allocated > 0.5 * grads
+    assert replayed.peak_allocated - launched.peak_allocated > 0.4 * grads
     assert replayed.peak_allocated == pytest.approx(25.82 * 2**30, rel=0.05)
     accum = predict(cfg.model_copy(update={"cuda_graphs": True, "grad_accum": 2}), gpu, 1).mem
     # accumulation's gradients live outside the pool (added into) while each micro-batch's are made in it

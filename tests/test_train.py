@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,6 +96,22 @@ def test_it_learns_and_writes_everything(tb, local, tmp_path):
     code, _, err = tb("report", "--store", str(store), "--out", str(tmp_path / "rep"))
     md = (tmp_path / "rep" / "report.md").read_text()
     assert code == 0 and "## Training jobs" in md and (tmp_path / "rep" / "loss_curves.png").is_file()
+
+
+def test_packed_rows_keep_their_fullest_row_in_their_stats(tb, local, tmp_path):
+    """The fullest packed row sizes every batch's examples' bounds: counted once when the rows are laid out, kept
+    in the cache's stats; a cache written before them reads it from its positions, once."""
+    from tunebench.data.prepare import Prepared, fullest_row_of
+
+    _json(tb, *_args(local, "--max-steps", "6", "--output-dir", str(tmp_path / "a"), "--no-store"))
+    [path] = (tmp_path / "cache").rglob("stats.json")
+    stats = json.loads(path.read_text())
+    positions = np.load(path.parent / "positions.npy")
+    most = int(((positions == 0).sum(axis=1) + (positions[:, 0] != 0)).max())
+    assert stats["fullest_row"] == most > 1
+    del stats["fullest_row"]
+    prepared = Prepared(path.parent, stats)
+    assert fullest_row_of(prepared) == most and prepared.stats["fullest_row"] == most
 
 
 def test_resumed_equals_uninterrupted(tb, local, tmp_path):

@@ -7,15 +7,13 @@ micro-batches taken) is all a checkpoint needs to continue exactly where it stop
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from tunebench.data.prepare import Prepared
+from tunebench.data.prepare import Prepared, fullest_row_of
 from tunebench.engine.data import Batch, documents_of
 from tunebench.errors import UserError
 
@@ -30,23 +28,6 @@ def _to(device: torch.device, a: np.ndarray | torch.Tensor) -> torch.Tensor:
     t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a)).long()
     # pinned, so the copy does not make the host wait for the GPU's queue
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
-
-
-def capacity(positions: np.ndarray, batch_size: int, chunk: int = 4096) -> int:
-    """The most examples a batch of `batch_size` rows can hold: the fullest row's count times the batch (read
-    once, a chunk of rows at a time: the positions may be a memory-mapped file larger than memory)."""
-    most = 1
-    for i in range(0, len(positions), chunk):
-        rows = np.asarray(positions[i:i + chunk])
-        most = max(most, int(((rows == 0).sum(axis=1) + (rows[:, 0] != 0)).max()))
-    return most * batch_size
-
-
-@functools.lru_cache(maxsize=8)
-def _fullest_row(path: Path) -> int:
-    """Examples in a prepared folder's fullest row, read once per process (every evaluation asks again; the folder
-    never changes once written)."""
-    return capacity(np.load(path / "positions.npy", mmap_mode="r"), 1)
 
 
 def _batch(device: torch.device, ids: np.ndarray, labels: np.ndarray, positions: np.ndarray | None,
@@ -69,7 +50,7 @@ class DatasetBatches:
             raise UserError(f"invalid batch_size={batch_size}: the data has {len(self.ids)} rows of seq_len "
                             f"{prepared.stats['seq_len']}, fewer than one global batch of {self.global_batch}")
         self.device, self.seed = device, seed
-        self.examples = 0 if self.positions is None else _fullest_row(prepared.path) * batch_size
+        self.examples = 0 if self.positions is None else fullest_row_of(prepared) * batch_size
         self.pos = start or Position()
         self._order = self._permutation(self.pos.epoch)
 
@@ -91,7 +72,7 @@ def eval_batches(prepared: Prepared, batch_size: int, device: torch.device, rank
                  limit: int | None = None) -> Iterator[Batch]:
     """This rank's share of the validation rows, in order (at most `limit` batches per rank)."""
     ids, labels, positions = prepared.arrays()
-    examples = 0 if positions is None else _fullest_row(prepared.path) * batch_size
+    examples = 0 if positions is None else fullest_row_of(prepared) * batch_size
     share = range(rank, len(ids), world_size)
     for n, i in enumerate(range(0, len(share), batch_size)):
         if limit is not None and n >= limit:

@@ -88,14 +88,34 @@ def _key(ds, tok, cfg, shape: str, pack: bool) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 
+def fullest_row(positions: np.ndarray, chunk: int = 4096) -> int:
+    """Examples in the fullest packed row (an example starts where its position is 0, and every row starts one),
+    read a chunk of rows at a time: the positions may be a memory-mapped file larger than memory."""
+    most = 1
+    for i in range(0, len(positions), chunk):
+        rows = np.asarray(positions[i:i + chunk])
+        most = max(most, int(((rows == 0).sum(axis=1) + (rows[:, 0] != 0)).max()))
+    return most
+
+
+def fullest_row_of(prepared: Prepared) -> int:
+    """The prepared rows' fullest_row, from their stats; a cache written before the stats kept it is read once
+    (then kept in these stats, in memory: every evaluation asks again)."""
+    if "fullest_row" not in prepared.stats:
+        prepared.stats["fullest_row"] = fullest_row(np.load(prepared.path / "positions.npy", mmap_mode="r"))
+    return int(prepared.stats["fullest_row"])
+
+
 def _write(out: Rows, path: Path, stats: dict, pack: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
         np.save(tmp / "ids.npy", np.asarray(out.ids, dtype=np.int32).reshape(len(out.ids), -1))
         np.save(tmp / "labels.npy", np.asarray(out.labels, dtype=np.int32).reshape(len(out.labels), -1))
-        if pack:
-            np.save(tmp / "positions.npy", np.asarray(out.positions, dtype=np.int32).reshape(len(out.ids), -1))
+        if pack:  # the fullest row sizes every batch's examples' bounds (data.batches): counted once, here
+            positions = np.asarray(out.positions, dtype=np.int32).reshape(len(out.ids), -1)
+            np.save(tmp / "positions.npy", positions)
+            stats["fullest_row"] = fullest_row(positions)
         (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
         os.replace(tmp, path)
     except OSError:

@@ -39,6 +39,9 @@ CONTEXT_BYTES = {1: int(1.45 * GIB), "nccl": int(2.1 * GIB), "nccl-multi": int(2
 # not, and the pools are nobody else's to reuse; fitted on GPT-2 small on an H100 (s512 b1, s2048 b1, s512 b4 x 4,
 # s512 b16: 0.04-0.31 GiB above the launched kernels' peak, or the model's)
 CUDA_GRAPH_POOL_SLACK = 0.15 * GIB
+# The share of the gradients the backward's recording puts in new pool memory, fitted on H100 and H200 pools
+# (benchmarks/peak_parts.py): Llama-3.2-1B bf16 at three shapes 0.91-0.92, fp32 0.68, GPT-2 medium 0.55-0.73
+GRAPH_POOL_OWN_GRADIENTS = 0.75
 # engine.loss: evaluation's chunks are this fraction of training's (EVAL_CHUNK_FRACTION)
 EVAL_CHUNK_FRACTION = 8
 # Measured reserve (reserved / allocated - 1), per strategy: FSDP2's all-gathers on their own stream fragment most.
@@ -229,14 +232,12 @@ def _step_temps(w: Workload) -> float:
 
 def _graph_pool(w: Workload, acts: float, loss: float, act: Activations) -> float:
     """The CUDA graphs' pool's segments, which runs count in full: the forward's graph's tensors (the saved
-    activations, the loss's chunk), then the backward's (every gradient, the last block's temporaries) beside the
-    forward's saved ones, as if none of their memory were reused. The pool's live bytes never reach that: the
-    segments outgrow them by what the backward's recording could not reuse of the saved activations it freed.
-    Measured (benchmarks/peak_parts.py, PEAK_PARTS_TRACE=1, H200): Llama-3.2-1B compiled whole, bf16 s1024 b4: 12.01
-    GiB of segments, 8.99 alive at most (as the eager forward's: 9.26 here), this 12.5; fp32 s2048 b2: 14.21 and
-    12.84, this 15.9 (some reuse there, not modelled: 1.7 GiB over); GPT-2 small s1024 b4: 2.32 and 2.07, its loss's
-    chunk outweighing its gradients (the forward's term, 2.3)."""
-    backward = acts + head_grad_kept(w) + _grads(w) + _backward_temps(w, act)
+    activations, the loss's chunk), then the backward's (the gradients, the last block's temporaries) beside the
+    forward's saved ones, most of the gradients in memory of their own. The pool's live bytes never reach that: the
+    segments outgrow them by what the backward's recording could not reuse of the saved activations it freed
+    (benchmarks/peak_parts.py, PEAK_PARTS_TRACE=1, H200: Llama-3.2-1B compiled whole, bf16 s1024 b4, 12.01 GiB of
+    segments, 8.99 alive at most; fp32 s2048 b2, 14.21 and 12.84; GPT-2 small s1024 b4, 2.32 and 2.07)."""
+    backward = acts + head_grad_kept(w) + GRAPH_POOL_OWN_GRADIENTS * _grads(w) + _backward_temps(w, act)
     return max(acts + loss, backward)
 
 
