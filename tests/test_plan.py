@@ -590,6 +590,12 @@ def test_a_train_job_that_evaluates_has_an_evaluation_phase(tb, tmp_path):
         assert "evaluation" in [i["name"] for i in evaluating["breakdown"]["memory"]]
     code, out, err = tb("plan", str(tmp_path / "eval.yaml"), "--gpu", "H100", "--no-store")
     assert code == 0 and "in the evaluation" in out, err
+    # a LoRA base computes in bf16 already: no cast of its head
+    cfg = RunConfig(model="llama-3.2-1b", seq_len=1024, batch_size=4, precision="bf16")
+    full, lora = (predict(cfg.model_copy(update={"method": m}), match("H100"), 1, evaluates=True).mem
+                  for m in ("full", "lora"))
+    head = workload(cfg, 1).counts.head
+    assert full.item("evaluation") - lora.item("evaluation") == pytest.approx(2 * head)
 
 
 def test_ddp_cuts_the_whole_graph_into_calls_of_their_own():

@@ -242,13 +242,13 @@ def _graph_pool(w: Workload, acts: float, loss: float, act: Activations) -> floa
 
 
 def _evaluation_temps(w: Workload) -> float:
-    """An evaluation's eager forward under no_grad (trainer.hooks.evaluate): the head cast to the compute dtype
-    (autocast without its cache casts one weight at a time), a chunk of logits in the compute dtype and in fp32,
-    and one block's temporaries (measured on an H100, benchmarks/peak_parts.py: +0.70 GiB for Llama-3.2-1B s1024 b4,
-    +0.24 for GPT-2 small, above the step's gradients, states and pool)."""
+    """An evaluation's eager forward under no_grad (trainer.hooks.evaluate): an fp32 head cast to the compute dtype
+    (autocast without its cache casts one weight at a time; a LoRA base already computes in it), a chunk of logits
+    in the compute dtype and in fp32, and one block's temporaries (measured on an H100, benchmarks/peak_parts.py:
+    +0.70 GiB for Llama-3.2-1B s1024 b4, +0.24 for GPT-2 small, above the step's gradients, states and pool)."""
     s, cb = w.spec, w.compute_bytes
     inner = s.shape.get("intermediate_size") or s.shape.get("n_inner") or 4 * s.hidden_size
-    cast = cb * w.counts.head if w.autocast else 0.0
+    cast = cb * w.counts.head if (w.autocast and w.full and w.residual_bytes == 4) else 0.0
     rows = min(w.tokens, max(128, chunk_rows(w) // EVAL_CHUNK_FRACTION))
     return cast + rows * s.vocab_size * (cb + 4) + w.tokens * (2 * inner * cb + 6 * s.hidden_size * 4)
 
