@@ -22,6 +22,7 @@ from tunebench.metrics import memory  # noqa: E402
 from tunebench.trainer import hooks  # noqa: E402
 
 GIB = 1 << 30
+TRACED = os.environ.get("PEAK_PARTS_TRACE") == "1" and torch.cuda.is_available()
 _peak_memory, _evaluate = runner.peak_memory, hooks.evaluate
 
 
@@ -34,6 +35,8 @@ def _parts(device: torch.device, graph_pools: bool = False) -> dict:
         print(f"PEAK PARTS recorded {out['peak_mem_allocated_bytes'] / GIB:.2f} GiB: timed steps' allocated "
               f"{steady / GIB:.2f} + graph pools {pools / GIB:.2f} (counted: {graph_pools}); before the timed steps "
               f"{before / GIB:.2f}; reserved {out['peak_mem_reserved_bytes'] / GIB:.2f}", flush=True)
+        if TRACED:
+            _pool_at_peak(device)
     return out
 
 
@@ -94,19 +97,8 @@ def _pool_at_peak(device: torch.device) -> None:
                                                          for f in last), flush=True)
 
 
-_plain_parts = _parts
-
-
-def _parts_traced(device: torch.device, graph_pools: bool = False) -> dict:
-    out = _plain_parts(device, graph_pools)
-    if device.type == "cuda":
-        _pool_at_peak(device)
-    return out
-
-
-if os.environ.get("PEAK_PARTS_TRACE") == "1" and torch.cuda.is_available():
+if TRACED:
     torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")  # C++ frames say nothing here
-    _parts = _parts_traced
 runner.peak_memory, hooks.evaluate = _parts, _evaluated
 from tunebench.cli import main  # noqa: E402
 

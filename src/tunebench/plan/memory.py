@@ -302,8 +302,9 @@ def memory(w: Workload) -> MemoryPlan:
         outside = persistent + grads_in_forward  # accumulation's gradients live outside, added into (grads_kept)
         forward, backward, step = outside + pools, outside + pools, outside + pools + _step_temps(w)
     phases = {"forward": forward, "backward": backward, "step": step}
+    evaluation = _evaluation_temps(w) if w.evaluates else 0.0
     if w.evaluates:  # between steps, eagerly and outside the pool: the pool and the kept gradients stay
-        phases["evaluation"] = persistent + grads_in_forward + pools + _evaluation_temps(w)
+        phases["evaluation"] = persistent + grads_in_forward + pools + evaluation
     items = weights + [Item("optimizer states", opt + paged, w.cfg.optimizer + (" (paged: managed memory)" if paged
                                                                                else "")),
                        Item("gradients", grads, "bf16 partition" if w.deepspeed else "bf16" if w.pure else "fp32"),
@@ -315,7 +316,7 @@ def memory(w: Workload) -> MemoryPlan:
         items.append(Item("CUDA graphs' pools", max(beyond, 0.0), "beyond the tensors above: backward's outputs "
                                                                    "recorded beside the forward's (cuda_graphs)"))
     if w.evaluates:
-        items.append(Item("evaluation", _evaluation_temps(w), "eager forward between steps: the head cast, "
+        items.append(Item("evaluation", evaluation, "eager forward between steps: the head cast, "
                                                               "a chunk of logits, one block's temporaries"))
     plan = MemoryPlan(items, phases, act, paged)
     if w.offloaded:  # fp32 master weights, Adam's two moments and the fp32 gradients of the partition
