@@ -15,7 +15,7 @@ milliseconds to issue each phase: a phase whose host time reaches its GPU time i
 `--trace N`: then N steps of `base` traced (GPU activity only, so the host is barely slowed), rank 0's timeline cut
 into compute kernels, NCCL kernels, NCCL time not hidden under compute, and time neither ran.
 `--scope model` compiles the model whole under DDP (dynamo cuts its graph where DDP's buckets end); `--bucket-mb`
-sets DDP's bucket size (25 in the strategy).
+sets DDP's bucket size (the strategy's BUCKET_MB otherwise).
 
     torchrun --nproc-per-node 2 benchmarks/ddp_probe.py [--scope model] [--bucket-mb 100] [--out f.json]
     torchrun --nproc-per-node 2 benchmarks/ddp_probe.py --device cpu --seq-len 64 --batch-size 1 --steps 4 --warmup 1
@@ -183,8 +183,10 @@ def length(spans: list[tuple[int, int]]) -> int:
 def report(a: argparse.Namespace, scope: str | None, everyone: list[list[dict]]) -> None:
     traced = [r for per_rank in everyone for r in per_rank if r["variant"] == "trace"]
     rows = [r for per_rank in everyone for r in per_rank if r["variant"] != "trace"]
+    from tunebench.strategies.ddp import BUCKET_MB
+
     keys = [k for k in rows[0] if k.startswith(("host_ms", "gpu_ms", "wall"))]
-    print(f"scope={scope or 'eager'} bucket_mb={a.bucket_mb or 25} world={rows[0]['world']}")
+    print(f"scope={scope or 'eager'} bucket_mb={a.bucket_mb or BUCKET_MB} world={rows[0]['world']}")
     print(f"{'variant':<9}{'rank':>5}{'tok/s/GPU':>11}" + "".join(f"{k:>18}" for k in keys))
     for r in rows:
         print(f"{r['variant']:<9}{r['rank']:>5}{r['tokens_per_s']:>11,.0f}" + "".join(f"{r[k]:>18.2f}" for k in keys))

@@ -45,6 +45,8 @@
 #                                          #   ours with the checkpoint traced (default) and around the block (NPROC: 2)
 #   bash benchmarks/gpu_proof.sh ddpprof   # issue 15: TinyGPT DDP 1 -> NPROC (2) GPUs, our step and the plain one
 #                                          #   profiled on rank 0 (compute, NCCL, idle), then ours with NCCL_ENVS
+#   bash benchmarks/gpu_proof.sh ddpbuckets  # issue 15: our TinyGPT DDP step (whole model) at 1 and NPROC (4) GPUs, per
+#                                          #   DDP bucket size of BUCKETS (25 100 250 MB)
 #   bash benchmarks/gpu_proof.sh ddpprobe  # issue 15: our DDP step's phases by CUDA events at 1 and NPROC (2) GPUs,
 #                                          #   per SCOPES (blocks model) and VARIANTS (base,no-sync; also no-mean, bf16),
 #                                          #   5 steps traced; BUCKET_MB; then SIDES of vs_plain_ddp.py at 1 and NPROC
@@ -616,6 +618,16 @@ ddpprof)
   for e in ${NCCL_ENVS:-}; do  # each NAME=VALUE[,NAME=VALUE...]: our step at NPROC GPUs with those set
     env ${e//,/ } python3 benchmarks/vs_plain_ddp.py --gpus ${NPROC:-2} --sides steps-ddp \
       --out "$OUT/ddpprof_${e//[=,]/_}.json" 2>&1 | grep -E "^(steps|    profile)" | sed "s|^|$e |"
+  done
+  ;;
+ddpbuckets)  # issue 15: our TinyGPT DDP step compiled whole, at 1 GPU and NPROC (4), for each DDP bucket size of BUCKETS
+  for w in 1 ${NPROC:-4}; do
+    for mb in ${BUCKETS:-25 100 250}; do
+      log="$OUT/ddpbuckets_w${w}_${mb}.log"
+      timeout 240 python3 -m torch.distributed.run --standalone --nproc-per-node $w benchmarks/ddp_probe.py --scope model \
+        --variants base --bucket-mb $mb --out "$OUT/ddpbuckets_w${w}_${mb}.json" > "$log" 2>&1 || tail -3 "$log"
+      grep -A2 "^scope=" "$log"
+    done
   done
   ;;
 ddpprobe)

@@ -1,4 +1,4 @@
-"""PyTorch DistributedDataParallel: full replicas, gradients all-reduced in 25 MB buckets."""
+"""PyTorch DistributedDataParallel: full replicas, gradients all-reduced in 100 MB buckets."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ from tunebench.engine.optim import build_optimizer
 from tunebench.engine.step import TrainStep, torch_step
 from tunebench.strategies.state import Replicated
 
+BUCKET_MB = 100
+
 
 def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device, world_size: int) -> TrainStep:
+    # 100 MB buckets, not DDP's 25: TinyGPT whole-model compiled on 4 H200s ran 2.5% faster a step (43.58 against
+    # 44.67 ms; one GPU 41.77 against 42.00), fewer all-reduces and fewer pieces of the graph dynamo cuts at each
+    # bucket; 250 MB was slower (43.95): less of the all-reduce overlaps backward.
     # init_sync=False: every rank built identical weights from the same seed (or the same files), so
     # the start-up broadcast is not needed, and it would not carry bitsandbytes' 4-bit quant state.
     ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                  bucket_cap_mb=25, gradient_as_bucket_view=True, init_sync=False)
+                                  bucket_cap_mb=BUCKET_MB, gradient_as_bucket_view=True, init_sync=False)
     params = [p for p in ddp.parameters() if p.requires_grad]
     ts = torch_step(ddp, params, build_optimizer(params, cfg), cfg, device, no_sync=ddp.no_sync)
     ts.state = Replicated(module, ts.optimizer)
