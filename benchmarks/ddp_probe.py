@@ -181,10 +181,10 @@ def length(spans: list[tuple[int, int]]) -> int:
 
 
 def report(a: argparse.Namespace, scope: str | None, everyone: list[list[dict]]) -> None:
-    traced = [r for per_rank in everyone for r in per_rank if r["variant"] == "trace"]
-    rows = [r for per_rank in everyone for r in per_rank if r["variant"] != "trace"]
     from tunebench.strategies.ddp import BUCKET_MB
 
+    traced = [r for per_rank in everyone for r in per_rank if r["variant"] == "trace"]
+    rows = [r for per_rank in everyone for r in per_rank if r["variant"] != "trace"]
     keys = [k for k in rows[0] if k.startswith(("host_ms", "gpu_ms", "wall"))]
     print(f"scope={scope or 'eager'} bucket_mb={a.bucket_mb or BUCKET_MB} world={rows[0]['world']}")
     print(f"{'variant':<9}{'rank':>5}{'tok/s/GPU':>11}" + "".join(f"{k:>18}" for k in keys))
