@@ -32,6 +32,7 @@ from tunebench.metrics.memory import current_rss_bytes, peak_memory, release, re
 from tunebench.metrics.timer import synchronize
 from tunebench.models import ModelSpec, load_meta_model, resolve_model
 from tunebench.models.build import Weights, build, from_pretrained
+from tunebench.models.save import save_pretrained
 from tunebench.preflight import Plan, resolve_device
 from tunebench.record import LoadMetrics, ResultRecord
 
@@ -70,7 +71,7 @@ def _write_preset(spec: ModelSpec, cfg: LoadConfig, device: torch.device, path: 
     tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=path))
     try:
         model, _ = build(spec, Weights(seed=cfg.seed, use_cache=True), device)
-        model.save_pretrained(tmp)
+        save_pretrained(model, tmp)
         del model
         release(device)
         for f in tmp.iterdir():

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from tunebench.models.save import save_pretrained
+
 PREFIX = "model."  # CausalLMWithLoss keeps the Hugging Face model as .model
 
 
@@ -36,7 +38,7 @@ class Replicated:
 
     def save(self, path: Path, ctx) -> None:
         if ctx.is_main:
-            self.model.save_pretrained(path / "model", safe_serialization=True)
+            save_pretrained(self.model, path / "model", safe_serialization=True)
             torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
 
     def load(self, path: Path, ctx) -> None:

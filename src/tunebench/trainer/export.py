@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tunebench.dist import DistContext
+from tunebench.models.save import save_pretrained
 
 
 def _aside(dest: Path):
@@ -36,7 +37,7 @@ def write_outputs(trainable, cfg, spec, tokenizer, out: Path, ctx: DistContext) 
     model = trainable.model
     name = "model" if cfg.method == "full" else "adapter"
     tmp = _aside(out / name)
-    model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+    save_pretrained(model, tmp, state_dict=sd, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     paths = {name: str(_into_place(tmp, out / name))}
     if cfg.merge and cfg.method != "full":
@@ -78,6 +79,6 @@ def merge(model: torch.nn.Module, sd: dict[str, Any], cfg, spec, tokenizer, dest
     fresh.load_state_dict({k: sd[k].to(torch.bfloat16).cpu() for k in wanted}, strict=True)
     merged = fresh.merge_and_unload()
     tmp = _aside(dest)
-    merged.save_pretrained(tmp, safe_serialization=True)
+    save_pretrained(merged, tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     return _into_place(tmp, dest)
