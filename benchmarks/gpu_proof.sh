@@ -110,6 +110,11 @@
 #                                          #   memory-efficient kernel; TESTS=0 skips), TRAIN=1: a train job exact and with
 #                                          #   TF32 (TRAINS: each job's flags joined by commas), each of RUNS as
 #                                          #   `tunebench run`, each of SHAPES profiled
+#   bash benchmarks/gpu_proof.sh families  # issue 44: the families' GPU paths against their references (CHECKS; none:
+#                                          #   skipped), then LoRA and QLoRA (METHODS) of each of MODELS against HF Trainer
+#                                          #   + PEFT (TARGETS: LoRA targets; NOHF=1: tunebench alone, NOOURS=1: HF alone,
+#                                          #   NOPREP=1: HF's QLoRA without peft's kbit preparation; HFATTN: the HF side's
+#                                          #   attention; SEQ, BATCH, STEPS)
 set -uo pipefail
 OUT=${OUT:-/tmp/tunebench-out}
 mkdir -p "$OUT"
@@ -655,6 +660,22 @@ keep7b)
     > "$OUT/keep7b_qlora.txt" 2>&1 &
   wait
   tail -n 22 "$OUT/keep7b_lora.txt" "$OUT/keep7b_qlora.txt"
+  ;;
+families)
+  CHECKS=${CHECKS-flex,packed,experts,softcap,compiled}
+  if [ "$CHECKS" != none ]; then
+    python3 benchmarks/family_checks.py --checks "$CHECKS" --out "$OUT/family_checks.json" 2>&1 | grep -E '^\{' \
+      | cut -c1-400
+  fi
+  for m in ${MODELS:-qwen3-8b}; do
+    for meth in ${METHODS:-lora qlora}; do
+      python3 benchmarks/vs_hf_trainer.py --model "$m" --method "$meth" --seq-len "${SEQ:-512}" \
+        --batch-size "${BATCH:-8}" --steps "${STEPS:-20}" --warmup "${WARMUP:-8}" --targets "${TARGETS:-all-linear}" \
+        ${NOHF:+--no-hf} ${NOOURS:+--no-ours} ${NOPREP:+--no-hf-kbit-prep} ${HFATTN:+--hf-attn "$HFATTN"} \
+        --out "$OUT/fam_${m}_${meth}${NAME:-}.json" \
+        2>&1 | tail -n 9
+    done
+  done
   ;;
 lora7b)
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vs_hf_trainer.py --method lora --model mistral-7b --seq-len 512 \

@@ -7,6 +7,8 @@ batch, sequence length, checkpointing and step counts. Only the timed steps (aft
     python benchmarks/vs_hf_trainer.py --model mistral-7b --seq-len 512 --batch-size 8 [--liger] [--unsloth] [--out F]
     python benchmarks/vs_hf_trainer.py --method lora ...   # a bf16 base, fused AdamW on both sides
     python benchmarks/vs_hf_trainer.py --ours ckpt,ckpt+mm,none --profile ckpt   # ours three ways, one profiled
+    python benchmarks/vs_hf_trainer.py --model qwen3-30b-a3b --targets q_proj,k_proj,v_proj,o_proj   # LoRA targets
+    python benchmarks/vs_hf_trainer.py --model llama-3.1-8b --no-hf   # ours alone (a family against Llama's cost)
 
 `--unsloth` adds Unsloth (FastLanguageModel's 4-bit load and patched model, its own checkpointing, the same
 Trainer) on a local directory of random weights it writes first (`UNSLOTH_MODELS`, default /tmp/unsloth-models);
@@ -16,7 +18,10 @@ The HF side is written as a user writes it: the NF4 model (built here as from_pr
 BitsAndBytesConfig would leave it: NF4 linears, the rest in bf16), peft's
 prepare_model_for_kbit_training, get_peft_model, then Trainer(bf16=True, optim=paged_adamw_8bit,
 gradient_checkpointing=True). With `--method lora` the base stays bf16, there is no kbit preparation, and
-both sides use fused AdamW (Trainer's adamw_torch_fused).
+both sides use fused AdamW (Trainer's adamw_torch_fused). The HF side's model is what transformers gives a user:
+its default attention (`--hf-attn`, SDPA, which leaves Gemma 2's attention soft-capping out) and, for a mixture of
+experts loaded in 4 bits, its experts in bf16 (bitsandbytes quantizes nn.Linear layers only; tunebench quantizes
+the experts too). Both sides print their first losses (the HF side logs every step for them).
 
 `--ours` runs tunebench several ways against the same HF run: `ckpt` (every block checkpointed, as HF),
 `ckpt+mm` (checkpointed blocks keep their matmuls' outputs: `ckpt_keep: matmuls`), `ckpt/2` (every other block),
@@ -36,6 +41,7 @@ the GPU sat idle (tunebench's step built from the runner's pieces).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -84,6 +90,7 @@ def _cfg(a: argparse.Namespace, variant: str | None = None):
 
     cfg = RunConfig(model=a.model, method=a.method, seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
                      warmup=a.warmup, lora_rank=16, lora_alpha=32, lora_dropout=0.0, grad_ckpt=a.grad_ckpt,
+                     lora_targets=a.targets.split(","),
                      optimizer="paged_adamw_8bit" if a.method == "qlora" else "adamw_fused", precision="bf16",
                      lr=2e-4, device=a.device, tag=["vs_hf_trainer"])
     return cfg.model_copy(update=VARIANTS[variant]) if variant else cfg
@@ -98,6 +105,7 @@ def side_ours(a: argparse.Namespace) -> dict:
     out = {"side": f"tunebench {a.variant}", "status": rec.status, "error": rec.error, "tokens_per_s": m.tokens_per_s,
            "peak_alloc_gib": _gib(m.peak_mem_allocated_bytes), "peak_reserved_gib": _gib(m.peak_mem_reserved_bytes),
            "loss_first": m.loss_first, "loss_last": m.loss_last, "setup_s": m.setup_s, "mfu": m.mfu,
+           "first_losses": m.losses[:3], "trainable": m.params_trainable,
            "record": json.loads(rec.model_dump_json())}
     if a.variant in a.profile and rec.status == "ok":
         from vs_plain_gpt import _our_step, profile
@@ -133,6 +141,11 @@ def _trainer_run(a: argparse.Namespace, model, side: str) -> dict:
 
     class Clock(TrainerCallback):
         t0 = t1 = None
+        losses: list[float] = []
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs and len(Clock.losses) < 3:
+                Clock.losses.append(logs["loss"])
 
         def on_step_begin(self, args, state, control, **kw):
             if state.global_step == a.warmup:
@@ -148,7 +161,7 @@ def _trainer_run(a: argparse.Namespace, model, side: str) -> dict:
         output_dir="/tmp/hf-trainer-bench", per_device_train_batch_size=a.batch_size, gradient_accumulation_steps=1,
         max_steps=a.steps, learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0, bf16=True,
         optim="paged_adamw_8bit" if a.method == "qlora" else "adamw_torch_fused",
-        gradient_checkpointing=a.grad_ckpt and side != "unsloth", logging_steps=10, save_strategy="no",
+        gradient_checkpointing=a.grad_ckpt and side != "unsloth", logging_steps=1, save_strategy="no",
         report_to=[], max_grad_norm=1.0, dataloader_pin_memory=cuda, use_liger_kernel=a.liger, seed=0, use_cpu=not cuda)
     trainer = Trainer(model=model, args=args, train_dataset=_data(a, model.config.vocab_size), callbacks=[Clock()])
     whole_run = torch.cuda.max_memory_allocated() if cuda else None  # the model's load (Unsloth's: bf16, then 4-bit)
@@ -160,23 +173,31 @@ def _trainer_run(a: argparse.Namespace, model, side: str) -> dict:
             "peak_alloc_gib": max(whole_run, torch.cuda.max_memory_allocated()) / GIB if cuda else None,
             "train_peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None,
-            "train_loss": out.training_loss}
+            "train_loss": out.training_loss, "first_losses": Clock.losses,
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
 
 def side_hf(a: argparse.Namespace) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    from tunebench.models import build_model, resolve_model
+    from tunebench.models import resolve_model
+    from tunebench.models.build import build, train_weights
 
     cfg = _cfg(a)
     torch.manual_seed(0)
-    model, _ = build_model(resolve_model(a.model), cfg, torch.device(a.device))
-    if a.method == "qlora":
+    # as transformers loads it: bitsandbytes' 4-bit nn.Linear layers, an MoE's 3-D experts left in bf16
+    w = dataclasses.replace(train_weights(cfg.resolved(a.device)), quantize_experts=False)
+    model, _ = build(resolve_model(a.model), w, torch.device(a.device))
+    model.set_attn_implementation(a.hf_attn)
+    if a.method == "qlora" and a.hf_kbit_prep:  # (it casts every 16-bit parameter to fp32: an MoE's bf16 experts too)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=a.grad_ckpt)
+    elif a.method == "qlora" and a.grad_ckpt:
+        model.enable_input_require_grads()
     elif a.grad_ckpt:
         model.enable_input_require_grads()  # the frozen embeddings' output must carry a gradient into checkpoints
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
+    targets = "all-linear" if a.targets == "all-linear" else a.targets.split(",")
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets,
                                              bias="none", task_type="CAUSAL_LM"))
     return _trainer_run(a, model, "hf_trainer" + ("+liger" if a.liger else ""))
 
@@ -232,7 +253,8 @@ def _child(a: argparse.Namespace, side: str, liger: bool = False, variant: str =
     cmd = [sys.executable, __file__, "--side", side, "--variant", variant, "--profile", ",".join(a.profile),
            "--model", a.model, "--seq-len", str(a.seq_len),
            "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--warmup", str(a.warmup), "--device", a.device,
-           "--method", a.method]
+           "--method", a.method, "--targets", a.targets, "--hf-attn", a.hf_attn]
+    cmd += [] if a.hf_kbit_prep else ["--no-hf-kbit-prep"]
     cmd += ["--grad-ckpt" if a.grad_ckpt else "--no-grad-ckpt"] + (["--liger"] if liger else [])
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     if "/ops" in variant:
@@ -265,6 +287,12 @@ def main() -> None:
     p.add_argument("--profile", default="", help="the variants of ours to profile too, comma-separated")
     p.add_argument("--variant", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
     p.add_argument("--side", choices=("ours", "hf", "unsloth"), help=argparse.SUPPRESS)
+    p.add_argument("--targets", default="all-linear", help="LoRA targets of both sides, comma-separated")
+    p.add_argument("--hf-attn", default="sdpa", help="the HF side's attention implementation (transformers' name)")
+    p.add_argument("--no-hf", action="store_true", help="tunebench alone")
+    p.add_argument("--no-ours", action="store_true", help="the HF side alone")
+    p.add_argument("--hf-kbit-prep", action=argparse.BooleanOptionalAction, default=True,
+                   help="QLoRA's HF side through peft's prepare_model_for_kbit_training (as its recipe has it)")
     p.add_argument("--out", help="write all figures as JSON here")
     a = p.parse_args()
     a.profile = [v for v in a.profile.split(",") if v]
@@ -275,8 +303,8 @@ def main() -> None:
         side = {"ours": side_ours, "hf": side_hf, "unsloth": side_unsloth}[a.side]
         print("RESULT " + json.dumps(side(a)), flush=True)
         return
-    results = [_child(a, "ours", variant=v) for v in ours_variants]
-    results += [_child(a, "hf")] + ([_child(a, "hf", liger=True)] if a.liger else [])
+    results = [] if a.no_ours else [_child(a, "ours", variant=v) for v in ours_variants]
+    results += [] if a.no_hf else [_child(a, "hf")] + ([_child(a, "hf", liger=True)] if a.liger else [])
     results += [_child(a, "unsloth")] if a.unsloth else []
     what = "QLoRA" if a.method == "qlora" else "LoRA (bf16 base)"
     print(f"\n{a.model} {what} seq {a.seq_len} batch {a.batch_size} grad_ckpt {a.grad_ckpt} "
@@ -293,6 +321,10 @@ def main() -> None:
         print(f"{r['side']:<27}{r['status']:<8}{r['tokens_per_s']:>10,.0f}{alloc:>16.2f}{resv:>14.2f}"
               f"{ratio:>8.3f}{mem:>7.3f}")
     print("x HF = that side's tokens/s / HF Trainer's (with the same checkpointing); mem = its peak allocated / HF's")
+    for r in results:
+        if r.get("status") == "ok":
+            print(f"{r['side']}: first losses {[round(x, 4) for x in r.get('first_losses') or []]}, "
+                  f"{r.get('trainable', 0):,} trainable parameters")
     for r in results:
         if r.get("train_peak_alloc_gib") is not None:
             print(f"{r['side']}: peak allocated while training {r['train_peak_alloc_gib']:.2f} GiB (loading apart)")

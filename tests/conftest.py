@@ -58,6 +58,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _cpu_adam_build.wait()
 
 
+def bpe_tokenizer(texts: list[str], specials: list[str], vocab_size: int, **named: str):
+    """A byte-level BPE tokenizer trained on `texts` here, as transformers' fast tokenizer; `named`: its special
+    tokens by role (bos_token="<s>", ...)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **named)
+
+
 def run_json(tb, store: Path, *extra: str) -> dict:
     code, out, err = tb("run", *QUICK, "--json", "--store", str(store), *extra)
     rec = json.loads(out)

@@ -72,3 +72,97 @@ def test_adapters_are_packed_a_full_model_is_not():
                                     ("lora", "adamw_fused", "AdamW")):
         cfg = RunConfig(model="tiny-llama", method=method, optimizer=optimizer, device="cpu")
         assert type(build_optimizer(params, cfg)).__name__ == name
+
+
+@pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")
+@pytest.mark.parametrize("cls", [bnb.optim.AdamW8bit, bnb.optim.PagedAdamW8bit])
+def test_packed_groups_keep_their_weight_decay(cls):
+    """Packed within each group: two groups of different weight decay step as the plain optimizer steps them."""
+    def groups(params):  # a pack in each: two fp32 tensors in the first, two bf16 ones in the second
+        return [{"params": [params[i] for i in (0, 1, 5)]},
+                {"params": [params[i] for i in (2, 3, 4, 6)], "weight_decay": 0.0}]
+
+    alone, together = _params(), _params()
+    ref, opt = cls(groups(alone), lr=1e-2, weight_decay=0.5), packed(cls)(groups(together), lr=1e-2, weight_decay=0.5)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.5, 0.0] and len(opt.packs) == 2
+    _steps(ref, alone, range(3))
+    _steps(opt, together, range(3))
+    assert all(torch.equal(a, b) for a, b in zip(alone, together))
+
+
+# Weight decay: off for biases, norms and embeddings (engine.optim.param_groups), through the strategy's own build
+
+def _tiny(family: str):
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+    torch.manual_seed(0)
+    config = (LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, attention_bias=True)
+              if family == "llama" else
+              GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0,
+                         eos_token_id=0))
+    model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()
+    return model
+
+
+# the embeddings Trainer decays and tunebench does not (GPT-2's head is its token embedding, tied)
+EMBEDDINGS = {"llama": {"model.embed_tokens.weight"}, "gpt2": {"transformer.wte.weight", "transformer.wpe.weight"}}
+
+
+def _single(model, method: str = "full", **kw):
+    from tunebench.engine.model import CausalLMWithLoss
+    from tunebench.strategies import single
+
+    cfg = RunConfig(**{"model": "tiny-llama", "method": method, "device": "cpu", "precision": "fp32",
+                       "optimizer": "adamw", "weight_decay": 0.1} | kw)
+    return single.apply(CausalLMWithLoss(model, model.config.vocab_size), None, cfg, torch.device("cpu"), 1).optimizer
+
+
+def _names_by_decay(model, opt) -> dict[float, set[str]]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {g["weight_decay"]: {names[id(p)] for p in g["params"]} for g in opt.param_groups}
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_no_decay_is_transformers_choice_plus_embeddings(family):
+    from transformers import Trainer
+
+    model = _tiny(family)
+    decayed_by_hf = set(Trainer.get_decay_parameter_names(None, model))  # `self` unused: Trainer's rule alone
+    every = {n for n, _ in model.named_parameters()}
+    want = (every - decayed_by_hf) | EMBEDDINGS[family]
+    groups = _names_by_decay(model, _single(model))
+    assert groups == {0.1: every - want, 0.0: want}
+    assert any(n.endswith("norm.weight") or ".ln_" in n for n in want) and any(n.endswith("bias") for n in want)
+    if family == "gpt2":
+        assert model.lm_head.weight is model.transformer.wte.weight  # the head is the embedding: not decayed
+
+
+def test_lora_adapters_all_decay_as_transformers_decays_them():
+    from peft import LoraConfig, get_peft_model
+    from transformers import Trainer
+
+    model = get_peft_model(_tiny("llama"), LoraConfig(r=4, target_modules="all-linear"))
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained <= set(Trainer.get_decay_parameter_names(None, model))
+    assert _names_by_decay(model, _single(model, "lora")) == {0.1: trained}  # no empty second group
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_fused", "adamw_8bit"])
+def test_a_step_with_zero_gradients_decays_only_the_decayed(optimizer):
+    """AdamW with zero gradients moves a weight by its decay alone: w·(1 - lr·wd) where it decays, not at all
+    where it does not (norms, biases, embeddings)."""
+    model = _tiny("llama")
+    opt = _single(model, optimizer=optimizer, lr=0.01)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    after = dict(model.named_parameters())
+    for name in ("model.norm.weight", "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.bias",
+                 "model.embed_tokens.weight"):
+        assert torch.equal(after[name], before[name]), name
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight", "lm_head.weight"):
+        torch.testing.assert_close(after[name], before[name] * (1 - 0.01 * 0.1), atol=0, rtol=1e-6)
+        assert after[name].norm() < before[name].norm()

@@ -1,9 +1,9 @@
-"""Every example in the README works as written: run where a CPU can run it, validated where it needs GPUs.
+"""Every example in the README and docs/ works as written: run where a CPU can run it, validated where it needs GPUs.
 
 Validated means: parsed by tunebench's own CLI parser, and the configuration it names built and checked
 as `run` would check it on a GPU machine (strategy against the world size, the model's positions, the
 suite's expansion), without training. The YAML files the README shows are written where its commands
-run, and its Python examples are executed.
+run, and its Python examples are executed; docs/' Python examples read what a job left (validated: compiled).
 """
 
 import re
@@ -18,19 +18,20 @@ from tunebench.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "README.md").read_text()
+DOCS = {f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
 # Examples that need what only a reader has (a GPU, an id from their store, their files): validated, not run.
 PLACEHOLDERS = ("SWEEP_ID", "3fa2c1", "baseline.db", "node0.db", "/models/my-llama", "diagnostic-20261121",
                 "tune-mistral-7b-20261121")
 RUN_ON_CPU = ("results list", "results schema", "results export", "report --publish", "deploy ", "plan ")
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", TEXT, re.S)
+def _blocks(lang: str, text: str = TEXT) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
 
 
 def _commands() -> list[str]:
     out = []
-    for block in _blocks("bash"):
+    for block in _blocks("bash") + [b for text in DOCS.values() for b in _blocks("bash", text)]:
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].strip()
             if line.startswith("tunebench "):
@@ -104,3 +105,9 @@ def test_bash_example(line, tmp_path, monkeypatch, capsys):
 def test_python_example(code, tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("code", [c for text in DOCS.values() for c in _blocks("python", text)],
+                         ids=lambda c: c.splitlines()[-1][:40])
+def test_docs_python_example_compiles(code):
+    compile(code, "<docs example>", "exec")

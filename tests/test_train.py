@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cli_subprocess
+from conftest import bpe_tokenizer, cli_subprocess
 from tunebench.store import Store
 
 WORDS = "zero one two three four five six seven eight nine ten".split()
@@ -24,8 +24,7 @@ WORDS = "zero one two three four five six seven eight nine ten".split()
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     """A local model folder (Llama shape, random weights) with a BPE tokenizer trained on the data."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     root = tmp_path_factory.mktemp("train")
     rng = random.Random(0)
@@ -33,13 +32,8 @@ def local(tmp_path_factory):
     for _ in range(400):
         a, n = rng.randrange(0, 6), rng.randrange(3, 6)
         texts.append(" ".join(WORDS[a:a + n]))
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>",
-                                                                                       "<unk>"]))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>")
+    fast = bpe_tokenizer(texts, ["<pad>", "<s>", "</s>", "<unk>"], 300, bos_token="<s>", eos_token="</s>",
+                         pad_token="<pad>", unk_token="<unk>")
     fast.save_pretrained(root / "model")
     cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,

@@ -14,6 +14,7 @@ from tunebench.errors import UserError, invalid, require
 from tunebench.methods import check_targets
 from tunebench.metrics.memory import available_host_bytes
 from tunebench.models.count import counts, training_floor_bytes
+from tunebench.models.families import refusal as family_refusal
 from tunebench.models.float8 import refusal as float8_refusal
 from tunebench.models.float8_frozen import takes as float8_takes
 from tunebench.models.spec import resolve_model
@@ -49,6 +50,11 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
         raise invalid("nproc_per_node", nproc, f"only {torch.cuda.device_count()} GPUs are visible on this node")
     world = nproc * cfg.nnodes
     strategy = check_strategy(cfg, world)
+    if why := family_refusal(spec.shape, cfg.method, cfg.strategy):
+        raise invalid(*why)
+    if device.type == "cuda" and cfg.attn == "sdpa" and spec.shape.get("attn_logit_softcapping") and cfg.dropout:
+        raise invalid("dropout", cfg.dropout, "a model whose attention soft-caps its logits runs FlexAttention on "
+                                              "GPUs (models.build), which has no attention dropout: use dropout 0")
     if cfg.float8 != "off":  # what no GPU or package can change was refused with the strategy
         _check_float8(cfg, device)
     if cfg.method == "qlora":
@@ -63,7 +69,7 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
         from tunebench.models.build import load_meta_model, quantizable_linears  # transformers: only here
 
         meta = load_meta_model(spec, cfg)  # no memory, no weights
-        check_targets(meta, cfg.lora_targets)
+        check_targets(meta, cfg.lora_targets, quantized=cfg.method == "qlora")
         if cfg.frozen_float8 and not any(float8_takes(m) for _, m in quantizable_linears(meta)):
             raise invalid("float8", cfg.float8, f"no layer of {spec.name} can compute in float8 (it takes nn.Linear "
                                                 "layers with sides multiples of 16; GPT-2's are Conv1D)")

@@ -50,6 +50,7 @@ from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import build_model
 from tunebench.models.build import build_meta, build_partitioned
 from tunebench.models.count import counts
+from tunebench.models.experts4bit import mark_recomputed
 from tunebench.models.float8_frozen import to_float8_frozen
 from tunebench.models.nf4 import all_fusable, fuse_dequantization
 from tunebench.models.shards import init_adapters
@@ -155,6 +156,7 @@ def _adapted_base(model: nn.Module, blocks: list[nn.Module], head: nn.Module, cf
     products, siblings run as one."""
     if cfg.method == "qlora" and (scope or cfg.frozen_float8):
         for block in blocks:  # the dequantization in the compiled graph (models.nf4): where measured faster
+            mark_recomputed(block, traces_checkpoint(block))  # an MoE's 4-bit experts: plain ops there
             if cfg.frozen_float8 or traces_checkpoint(block) or not checkpointed_whole(block):
                 fuse_dequantization(block, recomputed=recomputes_traced(block), float8=cfg.frozen_float8)
     converted = sum(bool(getattr(m, "float8", False)) for b in blocks for m in b.modules())

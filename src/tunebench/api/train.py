@@ -85,10 +85,18 @@ def _prepare(cfg: TrainConfig, plan) -> tuple[JobInputs, Prepared]:
     tok = load_tokenizer(cfg, plan.spec)
     ck = output.claim(Path(cfg.output_dir), cfg.resume, cfg.overwrite)
     train_rows, eval_rows = split_and_prepare(cfg, tok)
+
+    def damaged(stats: dict) -> str:  # '; 3 of 200 rows damaged, skipped (missing field 'completion' 2, ...)'
+        bad = sorted((stats.get("bad_rows") or {}).items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{r} {n:,}" for r, n in bad[:3]) + (", ..." if len(bad) > 3 else "")
+        return f"; {sum(n for _, n in bad):,} of {stats.get('rows_read', 0):,} rows damaged, skipped ({shown})" \
+            if bad else ""
+
     st = train_rows.stats
     say(f"data: {st['examples']:,} examples ({st['shape']}) -> {st['rows']:,} rows of {st['seq_len']} tokens, "
         f"{st['tokens']:,} tokens ({st['trained_tokens']:,} trained); {st['truncated']} truncated, {st['split']} "
-        f"split, {st['dropped']} dropped" + (f"; validation {eval_rows.stats['rows']:,} rows" if eval_rows else ""))
+        f"split, {st['dropped']} dropped" + damaged(st) +
+        (f"; validation {eval_rows.stats['rows']:,} rows{damaged(eval_rows.stats)}" if eval_rows else ""))
     run_cfg = cfg.identity_config()
     identity = {"config": run_cfg.config_hash(),
                 "data": st["fingerprint"], "tokenizer": fingerprint(tok),

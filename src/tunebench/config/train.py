@@ -33,6 +33,10 @@ class TrainConfig(RunConfig):
     completion_field: str = Field("completion", min_length=1)
     messages_field: str = Field("messages", min_length=1)
     train_on_prompt: bool = Field(False, description="pairs and chat: also train on the prompt / non-assistant tokens")
+    strict_data: bool = Field(False, description="refuse the data at its first damaged row (a field missing, null or "
+                                                 "not a string) instead of dropping and counting it")
+    max_bad_rows: float = Field(0.1, ge=0, le=1, description="refuse the data when more than this share of its rows "
+                                                             "is damaged")
     packing: bool | None = Field(None, description="pack several examples into one seq_len row (default: on for "
                                                    "text, off for pairs and chat)")
     eval_data: str | None = Field(None, description="validation data (same formats as data)")
@@ -57,7 +61,9 @@ class TrainConfig(RunConfig):
                                json_schema_extra=LAUNCH)
     overwrite: bool = Field(False, description="start anew in an output_dir that holds another run",
                             json_schema_extra=LAUNCH)
-    merge: bool = Field(False, description="LoRA/QLoRA: also write the base with the adapter merged in (bf16)")
+    merge: bool = Field(False, description="LoRA/QLoRA: also write the base with the adapter merged in (merged/)")
+    merge_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="the merged model's dtype (the merge "
+                                                                               "is computed in fp32, then cast)")
     track: list[str] = Field(default_factory=list, description="tensorboard and/or mlflow (local files in "
                                                                "output_dir)", json_schema_extra=LAUNCH)
     target_eval_loss: float | None = Field(None, gt=0, description="record the time until eval loss reaches this")

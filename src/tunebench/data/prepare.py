@@ -1,9 +1,11 @@
-"""Data ready to train: read, tokenized, laid into rows and cached on disk, keyed by what decides the result.
+"""Data ready to train: read, checked, tokenized, laid into rows and cached on disk, keyed by what decides the
+result.
 
-The key is the dataset's fingerprint (from `datasets`), the tokenizer's (vocabulary, special tokens, chat
-template) and the settings (shape, fields, seq_len, packing, train_on_prompt). A second run with the same
-key reads the cached arrays (memory-mapped) instead of tokenizing again. The cache folder is written aside
-and renamed into place, so a killed tokenization never leaves a cache that looks complete.
+The key is the dataset's fingerprint (dataset.py: the source's bytes, shape and fields), the tokenizer's
+(vocabulary, special tokens, chat template) and the settings (shape, fields, seq_len, packing,
+train_on_prompt). A second run with the same key reads the cached arrays (memory-mapped) instead of
+tokenizing again. The cache folder is written aside and renamed into place, so a killed tokenization never
+leaves a cache that looks complete. The stats keep the damaged rows' counts by reason (validate.py).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from tunebench.data import examples, files
+from tunebench.data import examples
+from tunebench.data.dataset import Checked, read
 from tunebench.data.rows import Rows, lay_out, pieces
 from tunebench.data.tokenizer import fingerprint, pad_id
+from tunebench.data.validate import BadRow, Tally, enforce
 from tunebench.errors import UserError
 
-VERSION = 1  # of the cached layout: bump when rows are built differently
+VERSION = 2  # of the cached layout: bump when rows are built differently (2: rows checked, chat masked by characters)
 
 
 def cache_root() -> Path:
@@ -45,41 +49,61 @@ class Prepared:
         return int(self.stats["rows"])
 
 
-def _encode_batch(tok, cfg, shape: str):
-    encode = {"text": examples.encode_text, "pairs": examples.encode_pair}.get(shape)
+def _encode_batch(tok, cfg, shape: str, what: str, data: str):
+    encode = examples.ENCODERS[shape]
 
-    def fn(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        rows = [{k: batch[k][i] for k in batch} for i in range(len(indices))]
-        out = [encode(tok, r, cfg) if encode else examples.encode_chat(tok, r, cfg, idx)
-               for r, idx in zip(rows, indices)]
-        return {"_ids": [o[0] for o in out], "_mask": [o[1] for o in out]}
+    def fn(batch: dict[str, list]) -> dict[str, list]:
+        ids, masks, bad = [], [], []
+        for i, where in enumerate(batch["_row"]):
+            try:
+                a, b = encode(tok, {k: batch[k][i] for k in batch}, cfg.train_on_prompt)
+                reason = ""
+            except BadRow as err:
+                if cfg.strict_data:
+                    raise UserError(f"invalid {what}={data}: {where}: {err.reason} (strict_data refuses damaged "
+                                    "rows)") from None
+                a, b, reason = [], [], err.reason
+            ids.append(a)
+            masks.append(b)
+            bad.append(reason)
+        return {"_ids": ids, "_mask": masks, "_bad": bad, "_row": batch["_row"]}
 
     return fn
 
 
-def _rows(ds, tok, cfg, shape: str, pack: bool) -> Rows:
+def _rows(ds, tok, cfg, shape: str, pack: bool, what: str, data: str, tally: Tally) -> Rows:
+    """The examples laid into rows; `tally` gains the rows the tokenizer found damaged (the chat template's)."""
     import sys
 
     import datasets
 
-    if shape == "chat":  # every message checked before the long part starts
-        for i, row in enumerate(ds[cfg.messages_field]):
-            examples.check_messages(row, i)
     cols = ds.column_names
     if sys.stderr.isatty():
         datasets.enable_progress_bars()
     else:  # a log: one line, not a redrawn bar
         print(f"tokenizing {len(ds):,} examples ({shape}) ...", file=sys.stderr, flush=True)
     try:
-        encoded = ds.map(_encode_batch(tok, cfg, shape), batched=True, batch_size=256, with_indices=True,
+        encoded = ds.map(_encode_batch(tok, cfg, shape, what, data), batched=True, batch_size=256,
                          remove_columns=cols, desc=f"tokenizing ({shape})", load_from_cache_file=False)
     finally:
         datasets.disable_progress_bars()
     out = Rows()
     items = []
-    for ids, mask in zip(encoded["_ids"], encoded["_mask"]):
-        items += pieces(ids, mask, cfg.seq_len, shape == "text", out)
+    for ids, mask, bad, where in zip(encoded["_ids"], encoded["_mask"], encoded["_bad"], encoded["_row"]):
+        if bad:
+            tally.add(bad, where)
+        else:
+            items += pieces(ids, mask, cfg.seq_len, shape == "text", out)
     return lay_out(items, cfg.seq_len, pad_id(tok), pack, out)
+
+
+def _check_tokenizer(tok, cfg, shape: str) -> None:
+    """Chat masked by characters needs a fast tokenizer's offsets; a slow (Python) one has none."""
+    if shape == "chat" and not cfg.train_on_prompt and getattr(tok, "chat_template", None) and \
+            not getattr(tok, "is_fast", False):
+        raise UserError("invalid tokenizer: a slow (Python) tokenizer gives no character offsets, which chat data "
+                        "needs to find the assistant's tokens; give a fast one (a folder with tokenizer.json), or "
+                        "--train-on-prompt to train on every token")
 
 
 def _key(ds, tok, cfg, shape: str, pack: bool) -> str:
@@ -125,34 +149,44 @@ def _write(out: Rows, path: Path, stats: dict, pack: bool) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def prepare(cfg, tok, data: str, what: str = "data", ds=None) -> Prepared:
-    """The rows of `data` (or of the given dataset `ds`, a split of it), from the cache when they are there."""
-    ds = ds if ds is not None else files.load(data, what)
-    shape = examples.detect(ds.column_names, cfg)
+def prepare(cfg, tok, data: str, what: str, checked: Checked, ds=None, file_counts: bool = True) -> Prepared:
+    """The rows of `checked` (or of `ds`, a split of it), from the cache when they are there. The file's
+    damaged-row counts go with these rows' stats when `file_counts` (not with a held-out split's)."""
+    ds = checked.ds if ds is None else ds
+    shape = checked.shape
     pack = cfg.packing if cfg.packing is not None else shape == "text"
     path = cache_root() / _key(ds, tok, cfg, shape, pack)
     if (path / "stats.json").is_file():
-        return Prepared(path, json.loads((path / "stats.json").read_text()))
-    out = _rows(ds, tok, cfg, shape, pack)
+        stats = json.loads((path / "stats.json").read_text())
+        enforce(Tally.of(stats), cfg, what, data)  # strict_data and max_bad_rows are not in the key
+        return Prepared(path, stats)
+    _check_tokenizer(tok, cfg, shape)
+    tally = checked.tally.merged(Tally()) if file_counts else Tally(read=len(ds))  # a copy: the split's own
+    out = _rows(ds, tok, cfg, shape, pack, what, data, tally)
+    enforce(tally, cfg, what, data)
     if not out.ids:
         raise UserError(f"invalid {what}={data}: no example has anything to train on ({out.examples} read, "
                         f"{out.dropped} dropped)")
     stats = {"source": str(data), "fingerprint": ds._fingerprint, "shape": shape, "packing": pack,
              "seq_len": cfg.seq_len, "examples": out.examples, "truncated": out.truncated, "split": out.split,
-             "dropped": out.dropped, "rows": len(out.ids), "tokens": out.tokens, "trained_tokens": out.trained_tokens}
+             "dropped": out.dropped, "rows": len(out.ids), "tokens": out.tokens, "trained_tokens": out.trained_tokens,
+             **tally.stats()}
     _write(out, path, stats, pack)
     return Prepared(path, stats)
 
 
 def split_and_prepare(cfg, tok) -> tuple[Prepared, Prepared | None]:
     """The training rows and the validation rows (eval_data, or eval_fraction of data held out, seeded)."""
-    ds = files.load(cfg.data, "data")
+    data = read(cfg, cfg.data, "data", cache_root() / "sources")
     if cfg.eval_data:
-        return prepare(cfg, tok, cfg.data, "data", ds), prepare(cfg, tok, cfg.eval_data, "eval_data")
+        held = read(cfg, cfg.eval_data, "eval_data", cache_root() / "sources")
+        return prepare(cfg, tok, cfg.data, "data", data), prepare(cfg, tok, cfg.eval_data, "eval_data", held)
     if cfg.eval_fraction:
-        if len(ds) < 2:
-            raise UserError(f"invalid eval_fraction={cfg.eval_fraction}: the data has only {len(ds)} example")
-        parts = ds.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
-        return (prepare(cfg, tok, cfg.data, "data", parts["train"]),
-                prepare(cfg, tok, f"{cfg.data} (held out {cfg.eval_fraction:g})", "data", parts["test"]))
-    return prepare(cfg, tok, cfg.data, "data", ds), None
+        if len(data.ds) < 2:
+            raise UserError(f"invalid eval_fraction={cfg.eval_fraction}: the data has only {len(data.ds)} usable "
+                            "example")
+        parts = data.ds.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
+        return (prepare(cfg, tok, cfg.data, "data", data, parts["train"]),
+                prepare(cfg, tok, f"{cfg.data} (held out {cfg.eval_fraction:g})", "data", data, parts["test"],
+                        file_counts=False))
+    return prepare(cfg, tok, cfg.data, "data", data), None

@@ -9,6 +9,9 @@ stored gradients by the incoming one.
 
 A head that is not a plain ``nn.Linear`` (a LoRA-wrapped head, say) falls back to chunks whose
 logits are recomputed in backward by activation checkpointing; HFU counts that recompute.
+
+A model that soft-caps its output (Gemma 2: logits = c * tanh(z / c)) gets the cap inside each chunk, and its
+derivative 1 - tanh^2 in the chunk's gradient, as the model's own head computes it.
 """
 
 from __future__ import annotations
@@ -46,12 +49,14 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     """sum over tokens of CE(h @ W.T + b, y), with d/dh, d/dW, d/db computed chunk by chunk in forward."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype, masked: bool = False):
+    def forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype, masked: bool = False,
+                softcap: float | None = None):
         with torch.autocast(h.device.type, enabled=False):  # dtypes are chosen explicitly below
-            return _FusedLinearCrossEntropy._forward(ctx, h, weight, bias, labels, chunk, dtype, masked)
+            return _FusedLinearCrossEntropy._forward(ctx, h, weight, bias, labels, chunk, dtype, masked, softcap)
 
     @staticmethod
-    def _forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype, masked: bool):
+    def _forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype, masked: bool,
+                 softcap: float | None):
         vocab = weight.shape[0]
         w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
         hc = h.to(dtype)
@@ -80,7 +85,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 if masked:  # tokens labelled IGNORE add nothing to the loss and get no gradient
                     valid = y != IGNORE
                     y = torch.where(valid, y, 0)
-                part, g = _loss_and_grad(F.linear(x, w, b), y, vocab, valid, dtype)
+                part, g = _loss_and_grad(F.linear(x, w, b), y, vocab, valid, dtype, softcap)
                 total = total + part if traced else total.add_(part)
                 if g_rows is None:
                     parts.append(g)
@@ -113,14 +118,18 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         gh = None if grad_h is None else (grad_h * grad_out.to(grad_h.dtype)).to(hd)
         gw = None if grad_w is None else (grad_w * grad_out).to(wd)
         gb = None if grad_b is None else (grad_b * grad_out).to(bd)
-        return gh, gw, gb, None, None, None, None
+        return gh, gw, gb, None, None, None, None, None
 
 
 def _loss_and_grad_eager(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: torch.Tensor | None,
-                         dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                         dtype: torch.dtype, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the chunk's cross-entropies, d(that sum)/d logits in `dtype`) = softmax - onehot, computed in place
-    over one fp32 copy of the logits."""
+    over one fp32 copy of the logits (times 1 - tanh^2 under a soft cap)."""
     logits = logits.float()
+    capped = None
+    if softcap is not None:
+        capped = logits.div_(softcap).tanh_()
+        logits = capped * softcap
     if logits.shape[1] > vocab:
         logits[:, vocab:] = -torch.inf  # the padding's columns: no probability, so no gradient either
     lse = torch.logsumexp(logits, dim=-1)
@@ -130,14 +139,20 @@ def _loss_and_grad_eager(logits: torch.Tensor, y: torch.Tensor, vocab: int, vali
     g[torch.arange(y.shape[0], device=y.device), y] -= 1.0
     if valid is not None:
         g.mul_(valid[:, None])
+    if capped is not None:
+        g.mul_(1.0 - capped.square_())
     return total, g.to(dtype)
 
 
 def _loss_and_grad_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: torch.Tensor | None,
-                        dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                        dtype: torch.dtype, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The same, written without in-place ops for inductor: one reduction and one pointwise kernel that read the
     16-bit logits and write the 16-bit gradient, the fp32 logits never stored."""
     z = logits.float()
+    capped = None
+    if softcap is not None:
+        capped = torch.tanh(z / softcap)
+        z = capped * softcap
     columns = torch.arange(z.shape[1], device=z.device)
     if z.shape[1] > vocab:
         z = z.masked_fill(columns >= vocab, -torch.inf)
@@ -146,6 +161,8 @@ def _loss_and_grad_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid
     g = (z - lse[:, None]).exp() - (columns == y[:, None]).to(z.dtype)
     if valid is not None:
         per_token, g = per_token * valid, g * valid[:, None]
+    if capped is not None:
+        g = g * (1.0 - capped * capped)
     return per_token.sum(), g.to(dtype)
 
 
@@ -155,7 +172,7 @@ def _compiled() -> Callable:
 
 
 def _loss_and_grad(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: torch.Tensor | None,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                   dtype: torch.dtype, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Eagerly on a GPU, the softmax's passes over a chunk's fp32 logits (cast, logsumexp, subtract, exp, cast
     back: ~1 ms per 67M-element chunk on an H200, 16 chunks a step on Llama-3-8B) are one compiled pair of
     kernels; elsewhere (the CPU) the in-place form runs. Inside a compiled graph (a whole model's) the pure form
@@ -163,13 +180,13 @@ def _loss_and_grad(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: tor
     Llama-3.2-1B at 8,192-16,384 tokens, for no speed (within 3% either way where GPU-bound, H100 and H200;
     benchmarks/RESULTS.md)."""
     if torch.compiler.is_compiling():
-        return _loss_and_grad_pure(logits, y, vocab, valid, dtype)
+        return _loss_and_grad_pure(logits, y, vocab, valid, dtype, softcap)
     if logits.is_cuda:
         # chunks' row counts vary (the last one is partial): one graph for all, not one per count (dynamo stops
         # compiling after 8 and would run the pure form eagerly, with its fp32 temporaries)
         torch._dynamo.maybe_mark_dynamic(logits, 0)
-        return _compiled()(logits, y, vocab, valid, dtype)
-    return _loss_and_grad_eager(logits, y, vocab, valid, dtype)
+        return _compiled()(logits, y, vocab, valid, dtype, softcap)
+    return _loss_and_grad_eager(logits, y, vocab, valid, dtype, softcap)
 
 
 def _padded(t: torch.Tensor) -> torch.Tensor:
@@ -213,7 +230,7 @@ def _(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def _loss_only(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, chunk: int,
-               dtype: torch.dtype, masked: bool) -> torch.Tensor:
+               dtype: torch.dtype, masked: bool, softcap: float | None = None) -> torch.Tensor:
     """sum over tokens of CE(h @ W.T + b, y) where no gradient is wanted (evaluation): chunk by chunk, each chunk's
     logits and their log-sum-exp alone. The fused function computes the gradients whatever the grad mode (autograd
     runs its forward without it): a train job of GPT-2 small evaluating beside CUDA graphs' pools peaked at 7.79 GiB
@@ -224,14 +241,18 @@ def _loss_only(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     with torch.autocast(h.device.type, enabled=False):  # dtypes chosen as the fused function chooses them
         for i in range(0, h.shape[0], chunk):
             y = labels[i:i + chunk]
-            z = F.linear(h[i:i + chunk].to(dtype), w, b)[:, :vocab].float()
+            z = _capped(F.linear(h[i:i + chunk].to(dtype), w, b)[:, :vocab].float(), softcap)
             per_token = torch.logsumexp(z, dim=-1) - z.gather(1, y.clamp(min=0)[:, None]).squeeze(1)
             total += (per_token * (y != IGNORE) if masked else per_token).sum()
     return total
 
 
-def _chunk_loss(head: nn.Module, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head(h).float(), labels, reduction="sum", ignore_index=IGNORE)
+def _capped(z: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return z if softcap is None else torch.tanh(z / softcap) * softcap
+
+
+def _chunk_loss(head: nn.Module, h: torch.Tensor, labels: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
+    return F.cross_entropy(_capped(head(h).float(), softcap), labels, reduction="sum", ignore_index=IGNORE)
 
 
 def is_fusable(head: nn.Module) -> bool:
@@ -239,20 +260,21 @@ def is_fusable(head: nn.Module) -> bool:
 
 
 def causal_lm_loss(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, vocab_size: int,
-                   fuse: bool = True, masked: bool = False) -> torch.Tensor:
+                   fuse: bool = True, masked: bool = False, softcap: float | None = None) -> torch.Tensor:
     """Mean next-token cross-entropy; `labels` are already shifted (labels[i] follows input[i]).
 
     `masked`: some labels are IGNORE (-100: prompt, padding, example boundaries) and the mean is over the
-    others. Synthetic benchmark data has none, and skips the masking's extra pass over the logits."""
+    others. Synthetic benchmark data has none, and skips the masking's extra pass over the logits.
+    `softcap`: the model's final logit soft-capping (Gemma 2), None for none."""
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
     n = chunk_tokens(vocab_size)
     if fuse and is_fusable(head) and not torch.is_grad_enabled():
         total = _loss_only(h, head.weight, head.bias, y, max(128, n // EVAL_CHUNK_FRACTION), _compute_dtype(h),
-                           masked)
+                           masked, softcap)
     elif fuse and is_fusable(head):
-        total = _FusedLinearCrossEntropy.apply(h, head.weight, head.bias, y, n, _compute_dtype(h), masked)
+        total = _FusedLinearCrossEntropy.apply(h, head.weight, head.bias, y, n, _compute_dtype(h), masked, softcap)
     else:
-        total = sum(checkpoint(_chunk_loss, head, h[i:i + n], y[i:i + n], use_reentrant=False)
+        total = sum(checkpoint(_chunk_loss, head, h[i:i + n], y[i:i + n], softcap, use_reentrant=False)
                     for i in range(0, h.shape[0], n))
     return total / ((y != IGNORE).sum().clamp(min=1) if masked else y.numel())

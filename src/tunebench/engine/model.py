@@ -55,7 +55,25 @@ class CausalLMWithLoss(nn.Module):
             # Rows without position ids are whole sequences: plainly causal, which transformers cannot tell when
             # traced; packed rows' examples are attended apart (models.attention)
             extra = {"plain_causal": True} if position_ids is None else {"documents": documents}
-        hidden = hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
-        hidden = hidden.last_hidden_state
-        return causal_lm_loss(hidden, hf.get_output_embeddings(), labels, self.vocab_size, fuse=self.fuse_head,
-                              masked=self.masked_labels)
+        config = hf.config
+        aux = getattr(config, "output_router_logits", False)  # a mixture of experts' load-balancing loss asked for
+        if aux:
+            extra["output_router_logits"] = True
+        out = hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
+        loss = causal_lm_loss(out.last_hidden_state, hf.get_output_embeddings(), labels, self.vocab_size,
+                              fuse=self.fuse_head, masked=self.masked_labels,
+                              softcap=getattr(config, "final_logit_softcapping", None))
+        if aux:
+            loss = loss + config.router_aux_loss_coef * load_balancing_loss(hf, out.router_logits)
+        return loss
+
+
+def load_balancing_loss(hf: nn.Module, router_logits: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The model's own auxiliary loss over its routers' logits (every token of the batch), as its ForCausalLM adds it
+    when the config asks for router logits: the function of the model's modeling module."""
+    import sys
+
+    config = hf.config
+    experts = getattr(config, "num_local_experts", None) or config.num_experts
+    balance = sys.modules[type(hf).__module__].load_balancing_loss_func
+    return balance(router_logits, experts, config.num_experts_per_tok, None)

@@ -6,11 +6,18 @@ H200, the GPU idle meanwhile). `packed` makes its step see the adapters as one t
 gradients are gathered into one flat buffer per dtype, stepped by one call, and copied back. Its 8-bit states
 are quantized in blocks of 256 elements, so a tensor whose size is a multiple of 256 (and above bitsandbytes'
 8-bit minimum) gets exactly the update it would get alone; other tensors are stepped as before.
+
+Weight decay (`param_groups`) skips biases, norms and embeddings, as docs/training.md states.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from typing import Any
+
 import torch
+from torch import nn
 
 from tunebench.config import RunConfig
 
@@ -18,7 +25,46 @@ QUANT_BLOCK = 256  # bitsandbytes' blockwise 8-bit optimizer states: one scale p
 MIN_8BIT = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep 32-bit states
 
 
-def build_optimizer(params: list[torch.nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
+# Hugging Face Trainer's names of parameters it does not decay (Trainer.get_decay_parameter_names, transformers 5),
+# matched against the lower-cased full name
+NO_DECAY_NAME = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
+
+Params = Iterable[nn.Parameter] | Iterable[dict[str, Any]]
+
+
+def _exempt_module(m: nn.Module) -> bool:
+    """A module none of whose own parameters decay: an embedding (token or position; a tied head is the same
+    tensor), or a norm. Trainer knows norms by nn.LayerNorm and by name; the class name also catches a model's
+    own norm (LlamaRMSNorm, T5LayerNorm) under whatever name it is given."""
+    return isinstance(m, (nn.Embedding, nn.LayerNorm)) or type(m).__name__.endswith("Norm")
+
+
+def no_decay_ids(module: nn.Module) -> set[int]:
+    """The ids of `module`'s parameters weight decay leaves alone. Read from where each parameter is registered,
+    so it holds for a model wrapped by DDP, sharded by FSDP2 (the DTensors registered in the modules) or
+    partitioned by ZeRO-3; a parameter registered twice (a tied head) is exempt if either place says so."""
+    ids: set[int] = set()
+    for mname, m in module.named_modules():
+        for pname, p in m.named_parameters(recurse=False):
+            if _exempt_module(m) or NO_DECAY_NAME.search((f"{mname}.{pname}" if mname else pname).lower()):
+                ids.add(id(p))
+    return ids
+
+
+def param_groups(module: nn.Module, params: list[nn.Parameter], weight_decay: float) -> Params:
+    """`params` (what trains, in order) as the optimizer takes them: without weight decay one group, as before
+    groups existed (so its checkpoints still load); with it, the decayed ones, then the rest with weight_decay 0.
+    No empty group (a LoRA model usually has nothing undecayed): DeepSpeed flattens each group into one buffer."""
+    if not weight_decay:
+        return params
+    exempt = no_decay_ids(module)
+    groups = [{"params": [p for p in params if id(p) not in exempt]},
+              {"params": [p for p in params if id(p) in exempt], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(params: Params, cfg: RunConfig) -> torch.optim.Optimizer:
+    """`params`: tensors, or groups (`param_groups`), which keep their own weight_decay."""
     kw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, foreach=True, **kw)
@@ -40,18 +86,25 @@ def packed(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
     """`cls` (a bitsandbytes optimizer) stepping its packable tensors as one per (device, dtype)."""
 
     class Packed(cls):
-        def __init__(self, params, **kw):
+        def __init__(self, params: Params, **kw):
             params = list(params)
-            groups: dict[tuple, list[torch.Tensor]] = {}
-            for p in params:
-                if p.requires_grad and _packable(p):
-                    groups.setdefault((p.device, p.dtype), []).append(p)
-            # each pack: a tensor the optimizer keys its state by, empty between steps (no memory kept), and
-            # the model's tensors it stands for
-            self.packs = [(torch.empty(0, device=d, dtype=t), ps) for (d, t), ps in groups.items() if len(ps) > 1]
+            groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+            self.packs: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+            stepped = []
+            for group in groups:  # packed within a group: a pack steps with one group's settings (weight decay)
+                same: dict[tuple, list[torch.Tensor]] = {}
+                for p in group["params"]:
+                    if p.requires_grad and _packable(p):
+                        same.setdefault((p.device, p.dtype), []).append(p)
+                # each pack: a tensor the optimizer keys its state by, empty between steps (no memory kept), and
+                # the model's tensors it stands for
+                packs = [(torch.empty(0, device=d, dtype=t), ps) for (d, t), ps in same.items() if len(ps) > 1]
+                inside = {id(p) for _, ps in packs for p in ps}
+                self.packs += packs
+                stepped.append(group | {"params": [flat for flat, _ in packs] +
+                                        [p for p in group["params"] if id(p) not in inside]})
             self.sizes = [[p.numel() for p in ps] for _, ps in self.packs]
-            inside = {id(p) for _, ps in self.packs for p in ps}
-            super().__init__([flat for flat, _ in self.packs] + [p for p in params if id(p) not in inside], **kw)
+            super().__init__(stepped, **kw)
 
         @torch.no_grad()
         def step(self, closure=None):

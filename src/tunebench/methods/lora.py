@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from tunebench.config import RunConfig
+from tunebench.config.targets import EXPERT_WEIGHTS, EXPERTS, split_targets
 from tunebench.errors import invalid
 
 
@@ -18,23 +19,62 @@ def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ in ("Conv1D", "Linear4bit", "Linear8bitLt")
 
 
-def check_targets(model: nn.Module, targets: list[str]) -> None:
-    """Refuse target names that match no linear layer (peft matches a name or a dotted suffix)."""
-    if targets == ["all-linear"]:
+def expert_parameters(model: nn.Module) -> list[str]:
+    """The 3-D expert weights of a mixture-of-experts model, as `module.parameter` names."""
+    return [f"{n}.{p}" for n, m in model.named_modules() for p, t in m.named_parameters(recurse=False)
+            if t.dim() == 3 and p in EXPERT_WEIGHTS]
+
+
+def check_targets(model: nn.Module, targets: list[str], quantized: bool = False) -> None:
+    """Refuse target names that match no linear layer (peft matches a name or a dotted suffix), and expert targets
+    where the model has no experts or they are 4-bit (`quantized`: QLoRA's; peft adapts 3-D weights, not 4-bit
+    ones)."""
+    modules, params = split_targets(targets)
+    if params:
+        found = expert_parameters(model)
+        if quantized or any(type(m).__name__ == "Experts4bit" for m in model.modules()):
+            raise invalid("lora_targets", EXPERTS, "QLoRA's experts are 4-bit, and peft adapts only unquantized "
+                                                   "expert weights: use method lora, or adapt attention only")
+        for t in params:
+            if not any(f == t or f.endswith("." + t) for f in found):
+                has = sorted({".".join(f.split(".")[-2:]) for f in found})
+                raise invalid("lora_targets", t, "the model has no mixture-of-experts weights of this name"
+                              + (f" (it has: {', '.join(has)})" if has else ""))
+    if modules == "all-linear" or not modules:
         return
     linears = [n for n, m in model.named_modules() if n and _is_linear(m)]
-    for t in targets:
+    for t in modules:
         if not any(n == t or n.endswith("." + t) for n in linears):
             leaves = sorted({n.rsplit(".", 1)[-1] for n in linears})
             raise invalid("lora_targets", t, f"no linear layer has this name; linear layers are: {', '.join(leaves)} "
-                                             "(or all-linear)")
+                                             f"(or all-linear{', experts' if expert_parameters(model) else ''})")
+
+
+def _all_linear_of_4bit_experts(model: nn.Module) -> list[str]:
+    """'all-linear' where the experts are 4-bit (QLoRA): the linear layers and the routers, which peft's all-linear
+    would extend to the expert weights it cannot adapt in 4 bits."""
+    head = model.get_output_embeddings()
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if n and _is_linear(m) and m is not head}
+    routers = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "top_k") and hasattr(m, "weight")}
+    return sorted(names | routers)
 
 
 def apply_lora(model: nn.Module, cfg: RunConfig) -> nn.Module:
+    """peft's LoRA. On a mixture of experts, peft's all-linear (transformers 5) also adapts the routers and the experts
+    (gate_up_proj at twice the rank and alpha: the gate and up projections it fuses, as in transformers 4)."""
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
-    targets = "all-linear" if cfg.lora_targets == ["all-linear"] else cfg.lora_targets
+    modules, params = split_targets(cfg.lora_targets)
+    if modules == "all-linear" and any(type(m).__name__ == "Experts4bit" for m in model.modules()):
+        modules = _all_linear_of_4bit_experts(model)
     lcfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
-    # peft keeps bf16 bases' adapters in fp32 (trained under autocast); bf16-pure stores them in bf16 too
-    return get_peft_model(model, lcfg, autocast_adapter_dtype=cfg.precision != "bf16-pure")
+                      target_modules=modules or [], target_parameters=params or None, bias="none",
+                      task_type="CAUSAL_LM")
+    with warnings.catch_warnings():
+        # peft's conversion of MoE targets sets a rank pattern for the fused experts, then warns that it matched no
+        # module, while the experts' adapters do get that rank
+        warnings.filterwarnings("ignore", message="The following (rank|alpha)_pattern keys did not match")
+        # peft keeps bf16 bases' adapters in fp32 (trained under autocast); bf16-pure stores them in bf16 too
+        return get_peft_model(model, lcfg, autocast_adapter_dtype=cfg.precision != "bf16-pure")

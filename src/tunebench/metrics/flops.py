@@ -10,6 +10,8 @@ term's share).
 HFU also counts what is computed again: with activation checkpointing each checkpointed block's forward
 (2*N_blocks + 2*L*H*head_dim*S, times the share of blocks checkpointed), and, where the head cannot use
 the fused loss (a LoRA-wrapped head), the chunked loss's second head forward (2*N_head).
+A mixture of experts counts what one token multiplies by: its router, and k of the E experts of each sparse
+block (their weights times k/E; their LoRA adapters too), so N is the active parameters' matmuls.
 """
 
 from __future__ import annotations
@@ -42,17 +44,57 @@ class FlopsPerToken:
         return self.model + self.attention
 
 
+EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+
+
+def _numel(p) -> int:
+    """Elements a weight stands for: a 4-bit one's unpacked shape, a ZeRO-3 partition's whole size."""
+    qs = getattr(p, "quant_state", None)
+    return int(qs.shape.numel()) if qs is not None else int(getattr(p, "ds_numel", p.numel()))
+
+
 def _matmul_size(m: nn.Module) -> int:
+    if _is_experts(m):
+        return sum(_numel(getattr(m, n)) for n in EXPERT_WEIGHTS)
     # bitsandbytes Linear4bit packs its weight, so count from the declared shape.
     if hasattr(m, "in_features") and hasattr(m, "out_features"):
         return m.in_features * m.out_features
-    return getattr(m.weight, "ds_numel", m.weight.numel())  # transformers' Conv1D (GPT-2); ZeRO-3's whole size
+    return _numel(m.weight)  # transformers' Conv1D (GPT-2), a router's weight; ZeRO-3's whole size
+
+
+def _is_experts(m: nn.Module) -> bool:
+    """A mixture-of-experts block's expert weights (transformers' 3-D parameters, or models.experts4bit's)."""
+    return isinstance(getattr(m, "num_experts", None), int) and all(
+        isinstance(getattr(m, n, None), nn.Parameter) for n in EXPERT_WEIGHTS)
+
+
+def _is_router(m: nn.Module) -> bool:
+    """A mixture-of-experts block's router: a (experts x hidden) weight multiplied by every token."""
+    return hasattr(m, "top_k") and isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 2
 
 
 def _is_matmul(m: nn.Module) -> bool:
     if hasattr(m, "base_layer"):  # a peft wrapper: its base layer and adapters are counted on their own
         return False
-    return isinstance(m, nn.Linear) or type(m).__name__ in ("Linear4bit", "Linear8bitLt", "Conv1D")
+    return (isinstance(m, nn.Linear) or type(m).__name__ in ("Linear4bit", "Linear8bitLt", "Conv1D")
+            or _is_experts(m) or _is_router(m))
+
+
+def _active_shares(model: nn.Module) -> dict[int, float]:
+    """Modules a token runs only k/E of (experts, and the adapters peft puts on them), by id: k/E."""
+    config = getattr(model, "config", None)
+    k = getattr(config, "num_experts_per_tok", None)
+    shares: dict[int, float] = {}
+    if not k:
+        return shares
+    for m in model.modules():
+        if _is_experts(m):
+            shares[id(m)] = k / m.num_experts
+        elif hasattr(m, "base_layer") and isinstance(getattr(m, "num_experts", None), int) and m.num_experts > 1:
+            for side in ("lora_A", "lora_B"):  # peft's ParamWrapper: one adapter per expert, stacked
+                for linear in getattr(m, side, {}).values():
+                    shares[id(linear)] = k / m.num_experts
+    return shares
 
 
 def flops_per_token(model: nn.Module, head: nn.Module, num_layers: int, num_heads: int, head_dim: int,
@@ -60,11 +102,13 @@ def flops_per_token(model: nn.Module, head: nn.Module, num_layers: int, num_head
     """`recompute`: the fraction of blocks whose forward runs again in backward (activation checkpointing:
     1 for every block, 0.5 for every other one, 0 without)."""
     frozen = trainable = head_n = 0
+    shares = _active_shares(model)
     for m in model.modules():
         if not _is_matmul(m):
             continue
-        n = _matmul_size(m)
-        if m.weight.requires_grad:
+        n = round(_matmul_size(m) * shares.get(id(m), 1.0))
+        weight = getattr(m, "weight", None) if not _is_experts(m) else getattr(m, EXPERT_WEIGHTS[0])
+        if weight.requires_grad:
             trainable += n
         else:
             frozen += n

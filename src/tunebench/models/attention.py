@@ -96,7 +96,9 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
             and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
             and getattr(module, "is_causal", True) and query.shape[2] == key.shape[2] and varlen_runs(query)):
         return varlen_attention(query, key, value, documents, kwargs.get("scaling")), None
-    mask = None if plain_causal else attention_mask
+    # a sliding window shorter than the keys (Gemma's local layers, Mistral v0.1's 4,096) keeps its mask: causal alone
+    # would let every query see the whole row
+    mask = None if plain_causal and (window is None or window >= key.shape[2]) else attention_mask
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1 and mask is None and repeats_kv(query):  # with a mask transformers repeats them itself
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)

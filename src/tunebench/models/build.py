@@ -25,6 +25,7 @@ from transformers.pytorch_utils import Conv1D
 
 from tunebench.config import RunConfig
 from tunebench.models.attention import sdpa_causal
+from tunebench.models.experts import use_autocast_experts
 from tunebench.models.shards import SafetensorsRows, Slot, base_fill, base_slots, fill_partitions, materialize_shards
 from tunebench.models.spec import ModelSpec
 
@@ -32,8 +33,13 @@ DTYPES = {"bf16": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16": torch.flo
 ATTN_IMPL = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}
 
 
-def attn_implementation(attn: str) -> str:
-    """transformers' name for `attn`: SDPA as registered by tunebench.models.attention (flash under compile too)."""
+def attn_implementation(attn: str, config=None, device_type: str = "cpu") -> str:
+    """transformers' name for `attn`: SDPA as registered by tunebench.models.attention (flash under compile too).
+    SDPA cannot soft-cap attention logits (Gemma 2's: transformers' SDPA path leaves the cap out): such a model
+    runs FlexAttention on a GPU, its cap a score modification inside the kernel and its causal, sliding-window and
+    packed-example masks block-sparse, and the eager attention on the CPU (where FlexAttention is not compiled)."""
+    if attn == "sdpa" and getattr(config, "attn_logit_softcapping", None) is not None:
+        return "flex_attention" if device_type == "cuda" else "eager"
     return sdpa_causal() if attn == "sdpa" else ATTN_IMPL[attn]
 
 
@@ -55,6 +61,9 @@ class Weights:
     # parameter (DeepSpeed, FSDP2), which then leaves the packed weights as they are
     storage: torch.dtype = torch.uint8
     dropout: float | None = None  # every dropout probability of the model set to this (None: the model's own)
+    # a mixture of experts' expert weights in 4 bits too (models.experts4bit); False leaves them in the compute dtype,
+    # as transformers' bitsandbytes loading does
+    quantize_experts: bool = True
 
 
 def compute_dtype(cfg: RunConfig) -> torch.dtype:
@@ -73,10 +82,11 @@ def train_weights(cfg: RunConfig, float_storage: bool = False) -> Weights:
                    cfg.attn, cfg.seed, storage=storage, dropout=cfg.dropout)
 
 
-def load_meta_model(spec: ModelSpec, cfg: RunConfig | Weights) -> PreTrainedModel:
-    """The architecture with parameters on meta (no memory) and buffers (rotary tables) real on CPU."""
+def load_meta_model(spec: ModelSpec, cfg: RunConfig | Weights, device_type: str = "cpu") -> PreTrainedModel:
+    """The architecture with parameters on meta (no memory) and buffers (rotary tables) real on CPU; `device_type`:
+    where it will compute (attn_implementation)."""
     w = train_weights(cfg) if isinstance(cfg, RunConfig) else cfg
-    return _from_config(spec, w, init_empty_weights(include_buffers=False))
+    return _from_config(spec, w, init_empty_weights(include_buffers=False), device_type)
 
 
 DROPOUT_SUFFIXES = ("dropout", "pdrop", "dropout_prob")  # Llama's attention_dropout, GPT-2's resid_pdrop, BERT's
@@ -93,14 +103,17 @@ def model_config(config, dropout: float | None):
     return config
 
 
-def _from_config(spec: ModelSpec, w: Weights, context: AbstractContextManager) -> PreTrainedModel:
+def _from_config(spec: ModelSpec, w: Weights, context: AbstractContextManager,
+                 device_type: str = "cpu") -> PreTrainedModel:
     config = model_config(spec.hf_config, w.dropout)
     with context:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation(w.attn), dtype=w.dtype)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation(
+            w.attn, config, device_type), dtype=w.dtype)
     # from_config leaves tied heads (GPT-2, Llama-3.2) untied; the real models tie them. Outside the context:
     # init_empty_weights makes a new parameter of every one registered, which would untie them again.
     model.tie_weights()
     model.config.use_cache = w.use_cache
+    use_autocast_experts(model)
     return model
 
 
@@ -115,8 +128,12 @@ def quantizable_linears(model: PreTrainedModel) -> list[tuple[str, nn.Module]]:
 
 
 def _replace_with_quantized(model: PreTrainedModel, w: Weights, layer: type | None = None) -> None:
-    """Swap the linears for bitsandbytes ones on meta (`layer`: the 4-bit class, bitsandbytes' by default)."""
+    """Swap the linears for bitsandbytes ones on meta (`layer`: the 4-bit class, bitsandbytes' by default), and a
+    mixture of experts' experts for 4-bit ones (models.experts4bit)."""
     import bitsandbytes as bnb
+
+    if w.quant != "int8" and w.quantize_experts:
+        _replace_experts(model, w)
 
     layer = layer or bnb.nn.Linear4bit
     for name, lin in quantizable_linears(model):
@@ -133,6 +150,15 @@ def _replace_with_quantized(model: PreTrainedModel, w: Weights, layer: type | No
         model.is_loaded_in_8bit = True
     else:
         model.is_loaded_in_4bit = True  # tells peft to wrap these layers with its 4-bit LoRA
+
+
+def _replace_experts(model: PreTrainedModel, w: Weights) -> None:
+    from tunebench.models.experts4bit import Experts4bit, is_experts
+
+    for name, module in list(model.named_modules()):
+        if is_experts(module):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, Experts4bit(module, w.compute_dtype))
 
 
 def _new_param(module: nn.Module, pname: str, meta: nn.Parameter, device: torch.device, dtype: torch.dtype,
@@ -159,6 +185,8 @@ def _materialize(model: PreTrainedModel, w: Weights, device: torch.device,
                 continue
             if pname == "weight" and type(module).__name__ in ("Linear4bit", "Linear8bitLt"):
                 new = _quantized_weight(module, device, w, std, gen)
+            elif type(module).__name__ == "Experts4bit":
+                new = _quantized_weight(module, device, w, std, gen, p.shape)
             else:
                 new = _new_param(module, pname, p, device, w.dtype, std, gen)
             done[id(p)] = new
@@ -171,10 +199,12 @@ def _materialize(model: PreTrainedModel, w: Weights, device: torch.device,
 
 
 def _quantized_weight(module: nn.Module, device: torch.device, w: Weights, std: float,
-                      gen: torch.Generator) -> nn.Parameter:
+                      gen: torch.Generator, shape: torch.Size | None = None) -> nn.Parameter:
+    """A 4-bit (or 8-bit) weight drawn whole in the compute dtype and quantized; `shape`: a 3-D experts weight's
+    (a linear layer's otherwise)."""
     import bitsandbytes as bnb
 
-    full = torch.empty(module.out_features, module.in_features, device=device, dtype=w.compute_dtype)
+    full = torch.empty(shape or (module.out_features, module.in_features), device=device, dtype=w.compute_dtype)
     full.normal_(0.0, std, generator=gen)
     if w.quant == "int8":
         q = bnb.nn.Int8Params(full, requires_grad=False, has_fp16_weights=False)
@@ -207,16 +237,20 @@ def quantization_config(w: Weights):
 
 def from_pretrained(path, w: Weights, device: torch.device) -> PreTrainedModel:
     """Load safetensors from a local directory straight onto `device`, quantizing while loading when asked."""
-    kwargs: dict = dict(dtype=w.dtype, attn_implementation=attn_implementation(w.attn), device_map={"": device},
-                        local_files_only=True)
-    if w.dropout is not None:
-        from transformers import AutoConfig
+    from transformers import AutoConfig
 
-        kwargs["config"] = model_config(AutoConfig.from_pretrained(path, local_files_only=True), w.dropout)
+    config = model_config(AutoConfig.from_pretrained(path, local_files_only=True), w.dropout)
+    kwargs: dict = dict(dtype=w.dtype, attn_implementation=attn_implementation(w.attn, config, device.type),
+                        device_map={"": device}, local_files_only=True, config=config)
     if (q := quantization_config(w)) is not None:
         kwargs["quantization_config"] = q
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = w.use_cache
+    use_autocast_experts(model)
+    if w.quant in ("nf4", "fp4") and w.quantize_experts:  # transformers leaves 3-D expert weights in bf16
+        from tunebench.models.experts4bit import quantize_experts
+
+        quantize_experts(model, w.compute_dtype, w.quant, w.double_quant)
     avoid_cpu_repack(model)
     return model
 
@@ -226,7 +260,7 @@ def build(spec: ModelSpec, w: Weights, device: torch.device,
     """The model on `device`, and where its weights came from ('random' or 'safetensors')."""
     if spec.has_weights:
         return from_pretrained(spec.path, w, device), "safetensors"
-    model = load_meta_model(spec, w)
+    model = load_meta_model(spec, w, device.type)
     if w.quant:
         _replace_with_quantized(model, w)
     _materialize(model, w, device, progress)
@@ -264,7 +298,7 @@ def build_meta(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> MetaBui
     """The training model of `cfg` on meta, for a strategy that shards it before any weight exists. A QLoRA
     base gets 4-bit layers whose packed bytes are stored in the dtype the strategy computes in (models.sharded4bit)."""
     w = train_weights(cfg.resolved(device.type), float_storage=True)
-    model = load_meta_model(spec, w)
+    model = load_meta_model(spec, w, device.type)
     source = SafetensorsRows(spec.path) if spec.has_weights else None
     if not w.quant:
         _float8(model, cfg)
@@ -286,7 +320,7 @@ def build_partitioned(spec: ModelSpec, cfg: RunConfig, device: torch.device,
 
     w = train_weights(cfg.resolved(device.type))
     with no_init_weights():  # Hugging Face's init would index the empty partitions (an embedding's padding row)
-        model = _from_config(spec, w, partitioning)
+        model = _from_config(spec, w, partitioning, device.type)
     source = SafetensorsRows(spec.path) if spec.has_weights else None
     return MetaBuild(model, "safetensors" if source else "random", base_slots(model), source, partitioned_dtype=w.dtype)
 

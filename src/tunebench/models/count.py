@@ -1,59 +1,117 @@
 """Parameter counts from a model's shape alone (no torch): what checks, warnings and plans need to know.
 
-Llama/Mistral-style decoders (q, k, v, o; gate, up, down; RMSNorm) and GPT-2 (fused qkv with biases,
-learned positions, LayerNorm). Tested against the instantiated presets, exactly.
+Decoder families (models.families: Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, and the mixture-of-experts Mixtral
+and Qwen3-MoE) and GPT-2 (fused qkv with biases, learned positions, LayerNorm). Tested against the
+instantiated presets, exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+from tunebench.models.families import Family, experts_of, family_of
 from tunebench.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)
 class Linear:
-    name: str  # the module's own name (q_proj, c_attn, ...), what lora_targets match
+    name: str  # the module's own name (q_proj, c_attn, experts.gate_up_proj, ...), what lora_targets match
     fan_in: int
     fan_out: int
+    kind: Literal["linear", "router", "experts"] = "linear"
+    copies: int = 1  # experts: one matrix per expert
+    active: int = 1  # experts: the ones a token passes through
 
     @property
     def size(self) -> int:
-        return self.fan_in * self.fan_out
+        return self.fan_in * self.fan_out * self.copies
+
+    @property
+    def active_size(self) -> int:
+        """The weights one token multiplies by."""
+        return self.fan_in * self.fan_out * self.active
 
 
 @dataclass(frozen=True)
 class Counts:
     total: int  # every parameter (a tied head counted once, with the embeddings)
-    block_linears: int  # the weights of every block's linear layers (what QLoRA quantizes)
+    block_linears: int  # the weights of every block's linear layers and experts (what QLoRA quantizes)
     head: int  # the output head's matmul (vocab x hidden), tied or not
-    per_block: int  # one transformer block
-    linears: tuple[Linear, ...] = ()  # one block's linear layers, in order
+    per_block: int  # one transformer block (the mean block where blocks differ)
+    linears: tuple[Linear, ...] = ()  # one block's linear layers, in order (a sparse block's for an MoE)
     tied: bool = False  # the head shares the embeddings' weight
     embeddings: int = 0  # token (and learned position) embeddings
+    experts: int = 0  # mixture of experts: the experts' weights, all of them (part of block_linears)
+    active_experts: int = 0  # ... those one token multiplies by
+    routers: int = 0  # the routers' weights (trained in full fine-tuning, never quantized)
+
+    @property
+    def block_matmul(self) -> int:
+        """Block weights one token multiplies by: every linear, the routers, its own experts only."""
+        return self.block_linears - self.experts + self.active_experts + self.routers
 
     @property
     def matmul(self) -> int:
-        """Weights of every matmul, the head included (embeddings and norms not): the MFU's N."""
-        return self.block_linears + self.head
+        """Weights of every matmul one token goes through, the head included (embeddings and norms not): MFU's N."""
+        return self.block_matmul + self.head
 
 
-def _llama(s: dict, layers: int, hidden: int, heads: int, head_dim: int, vocab: int) -> Counts:
-    kv = s.get("num_key_value_heads") or heads
-    inter = s["intermediate_size"]
-    attn = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2
+def _attention(f: Family, s: dict, hidden: int, heads: int, kv: int, head_dim: int) -> tuple[list[Linear], int]:
+    """Attention's linears and its other parameters (biases, q/k norms)."""
+    q, k = heads * head_dim, kv * head_dim
+    if f.fused:
+        shapes = [Linear("qkv_proj", hidden, q + 2 * k), Linear("o_proj", q, hidden)]
+    else:
+        shapes = [Linear("q_proj", hidden, q), Linear("k_proj", hidden, k), Linear("v_proj", hidden, k),
+                  Linear("o_proj", q, hidden)]
+    extra = 0
     if s.get("attention_bias"):
-        attn += heads * head_dim + 2 * kv * head_dim + hidden
-    mlp = 3 * hidden * inter + (2 * inter + hidden if s.get("mlp_bias") else 0)
-    block = attn + mlp + 2 * hidden
+        extra += q + 2 * k + hidden
+    elif f.qkv_bias:
+        extra += q + 2 * k
+    if f.qk_norm:
+        extra += 2 * head_dim
+    return shapes, extra
+
+
+def _mlp(f: Family, hidden: int, inter: int, bias: bool) -> tuple[list[Linear], int]:
+    if f.fused:
+        shapes = [Linear("gate_up_proj", hidden, 2 * inter), Linear("down_proj", inter, hidden)]
+    else:
+        shapes = [Linear("gate_proj", hidden, inter), Linear("up_proj", hidden, inter),
+                  Linear("down_proj", inter, hidden)]
+    return shapes, (2 * inter + hidden if bias else 0)
+
+
+def _decoder(f: Family, spec: ModelSpec) -> Counts:
+    s, layers, hidden, vocab = spec.shape, spec.num_layers, spec.hidden_size, spec.vocab_size
+    heads, head_dim = spec.num_heads, spec.head_dim
+    attn, attn_extra = _attention(f, s, hidden, heads, s.get("num_key_value_heads") or heads, head_dim)
+    norms = f.norms * hidden
+    ex = experts_of(s, layers)
+    dense, dense_extra = _mlp(f, hidden, s.get("intermediate_size") or 0, bool(s.get("mlp_bias")))
+    dense_block = sum(lin.size for lin in attn + dense) + attn_extra + dense_extra + norms
+    if ex is None:
+        blocks, linears = layers * dense_block, tuple(attn + dense)
+        block_linears, experts, active, routers = layers * sum(lin.size for lin in attn + dense), 0, 0, 0
+    else:
+        router = Linear("gate", hidden, ex.count, kind="router")
+        moe = [Linear("experts.gate_up_proj", hidden, 2 * ex.width, "experts", ex.count, ex.active),
+               Linear("experts.down_proj", ex.width, hidden, "experts", ex.count, ex.active)]
+        sparse_block = sum(lin.size for lin in attn + moe) + router.size + attn_extra + norms
+        dense_layers = layers - ex.sparse
+        blocks = ex.sparse * sparse_block + dense_layers * dense_block
+        linears = tuple(attn + [router] + moe)
+        experts = ex.sparse * sum(lin.size for lin in moe)
+        block_linears = layers * sum(lin.size for lin in attn) + experts + dense_layers * sum(lin.size for lin in dense)
+        active = ex.sparse * sum(lin.active_size for lin in moe)
+        routers = ex.sparse * router.size
     tied = bool(s.get("tie_word_embeddings"))
     head = 0 if tied else vocab * hidden
-    shapes = (Linear("q_proj", hidden, heads * head_dim), Linear("k_proj", hidden, kv * head_dim),
-              Linear("v_proj", hidden, kv * head_dim), Linear("o_proj", heads * head_dim, hidden),
-              Linear("gate_proj", hidden, inter), Linear("up_proj", hidden, inter), Linear("down_proj", inter, hidden))
-    linears = layers * sum(lin.size for lin in shapes)
-    return Counts(vocab * hidden + layers * block + hidden + head, linears, vocab * hidden, block, shapes, tied,
-                  vocab * hidden)
+    total = vocab * hidden + blocks + hidden + head
+    return Counts(total, block_linears, vocab * hidden, blocks // layers, linears, tied, vocab * hidden, experts,
+                  active, routers)
 
 
 def _gpt2(s: dict, layers: int, hidden: int, vocab: int) -> Counts:
@@ -71,13 +129,12 @@ def _gpt2(s: dict, layers: int, hidden: int, vocab: int) -> Counts:
 
 def counts(spec: ModelSpec) -> Counts | None:
     """The model's parameter counts, or None for an architecture this module does not know."""
-    s = spec.shape
-    family = s.get("model_type") or ("gpt2" if "n_layer" in s else "llama")
-    if family == "gpt2":
-        return _gpt2(s, spec.num_layers, spec.hidden_size, spec.vocab_size)
-    if family in ("llama", "mistral", "qwen2") and "intermediate_size" in s:
-        return _llama(s, spec.num_layers, spec.hidden_size, spec.num_heads, spec.head_dim, spec.vocab_size)
-    return None
+    family = family_of(spec.shape)
+    if family is None:
+        return None
+    if family.kind == "gpt2":
+        return _gpt2(spec.shape, spec.num_layers, spec.hidden_size, spec.vocab_size)
+    return _decoder(family, spec)
 
 
 BYTES = {"fp32": 4, "bf16": 2, "bf16-pure": 2, "fp16": 2}

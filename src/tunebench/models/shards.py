@@ -33,6 +33,8 @@ from torch import nn
 from tunebench.errors import UserError
 
 ADAPTER_SEED_OFFSET = 1_000_003  # the adapters' generator: apart from the base weights' one
+# a fused experts weight (transformers 5) -> the per-expert weights a published checkpoint holds, in the order fused
+EXPERT_LAYOUTS = {"gate_up_proj": (("w1", "w3"), ("gate_proj", "up_proj")), "down_proj": (("w2",), ("down_proj",))}
 
 
 @dataclass(frozen=True)
@@ -140,11 +142,34 @@ class SafetensorsRows:
             handle = safe_open(str(f), framework="pt", device="cpu")
             self._where.update({k: handle for k in handle.keys()})
 
+    def _find(self, key: str) -> str | None:
+        return next((k for k in (key, key.removeprefix("model."), "model." + key) if k in self._where), None)
+
     def rows(self, key: str, start: int, stop: int) -> torch.Tensor:
-        for k in (key, key.removeprefix("model."), "model." + key):
-            if k in self._where:
-                return self._where[k].get_slice(k)[start:stop]
+        found = self._find(key)
+        if found is not None:
+            return self._where[found].get_slice(found)[start:stop]
+        experts = self._experts_rows(key, start, stop)
+        if experts is not None:
+            return experts
         raise UserError(f"the model's safetensors have no tensor {key!r}: a checkpoint of another architecture?")
+
+    def _experts_rows(self, key: str, start: int, stop: int) -> torch.Tensor | None:
+        """A mixture of experts' weights as transformers 5 holds them (3-D, experts first; the router under `mlp`),
+        from a checkpoint in the layout the models were published in (and transformers 5 still saves): one 2-D
+        weight per expert and projection (Mixtral's w1/w3/w2 under `block_sparse_moe`, Qwen-MoE's
+        gate_proj/up_proj/down_proj), gate and up concatenated as transformers fuses them. Rows: experts."""
+        container, sep, weight = key.rpartition(".experts.")
+        parents = [container, container.rsplit(".", 1)[0] + ".block_sparse_moe"] if sep else []
+        if not sep and key.endswith(".mlp.gate.weight"):  # Mixtral's router
+            found = self._find(key.removesuffix(".mlp.gate.weight") + ".block_sparse_moe.gate.weight")
+            return None if found is None else self._where[found].get_slice(found)[start:stop]
+        for parent in parents:
+            for names in EXPERT_LAYOUTS.get(weight, ()):
+                keys = [[self._find(f"{parent}.experts.{e}.{n}.weight") for n in names] for e in range(start, stop)]
+                if keys and all(k is not None for ks in keys for k in ks):
+                    return torch.stack([torch.cat([self._where[k].get_tensor(k) for k in ks]) for ks in keys])
+        return None
 
 
 def materialize_shards(module: nn.Module, slots: list[Slot], device: torch.device, seed: int,

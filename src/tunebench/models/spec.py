@@ -71,7 +71,7 @@ def resolve_model(name: str) -> ModelSpec:
     """A preset name or a local directory holding config.json; anything else is refused."""
     if name in PRESETS:
         preset = PRESETS[name]
-        return ModelSpec(name, dict(preset.shape), make_config=preset.hf_config)
+        return ModelSpec(name, {"model_type": preset.family} | preset.shape, make_config=preset.hf_config)
     if not _looks_like_path(name):
         raise UserError(f"invalid model={name}: not a preset ({', '.join(PRESETS)}) nor a local directory")
     path = Path(name).expanduser()

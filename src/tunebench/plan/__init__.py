@@ -32,6 +32,7 @@ class Prediction:
     mem: MemoryPlan
     time: StepTime
     flops_per_token: float  # model FLOPs per token, as runs define MFU
+    workload: Workload | None = None  # what it was predicted for (counts, family)
 
     @property
     def tokens_per_step(self) -> int:
@@ -63,6 +64,8 @@ class Prediction:
             "tokens_per_s_per_gpu": self.tokens_per_s / self.world, "step_time_s": self.time.seconds,
             "mfu": self.mfu, "memory_needed_bytes": int(m.total), "gpu_memory_bytes": self.hw.gpu.memory_bytes,
             "verdict": self.verdict, "fits": self.fits,
+            "params_total": self.workload.counts.total if self.workload else None,
+            "params_active": (self.workload.counts.matmul + self.workload.counts.embeddings) if self.workload else None,
             "breakdown": {
                 "memory": [{"name": i.name, "bytes": int(i.bytes), "note": i.note} for i in m.items],
                 "peak_phase": m.peak_phase, "phases": {k: int(v) for k, v in m.phases.items()},
@@ -79,11 +82,11 @@ class Prediction:
 def model_flops_per_token(w: Workload) -> float:
     """MFU's numerator without building the model: 6 N_trainable + 4 N_frozen (matmuls) + 6 L H hd S."""
     c, s = w.counts, w.spec
-    matmul = c.block_linears + c.head
+    matmul = c.matmul  # an MoE's active weights: its routers and k experts
     attention = 6.0 * w.layers * s.num_heads * s.head_dim * w.cfg.seq_len
     if w.full:
         return 6.0 * matmul + attention
-    return 4.0 * matmul + 6.0 * w.lora_params + attention
+    return 4.0 * matmul + 6.0 * w.active_lora_params + attention
 
 
 def predict(cfg: RunConfig, gpu: Gpu, world: int = 1, measured: list[tuple[str, dict]] = (),
@@ -92,7 +95,7 @@ def predict(cfg: RunConfig, gpu: Gpu, world: int = 1, measured: list[tuple[str, 
     `evaluates`: a train job that evaluates between its steps (its memory has that phase too)."""
     w = workload(cfg, world, evaluates)
     hw = hardware(gpu, measured)
-    return Prediction(w.cfg, world, hw, memory(w), step_time(w, hw), model_flops_per_token(w))
+    return Prediction(w.cfg, world, hw, memory(w), step_time(w, hw), model_flops_per_token(w), w)
 
 
 __all__ = ["Prediction", "Workload", "predict", "workload"]

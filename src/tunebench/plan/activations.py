@@ -26,6 +26,17 @@ LoRA adds each adapter's rank-r output, and no copy of an adapter's input: peft 
 adapters' fp32, yet nothing more is kept, under autocast or under DeepSpeed (whose bf16 engine casts the
 adapters too); measured on the CPU (a test) and on an H100 (118k bytes/token per block of Llama-3.2-1B LoRA,
 as counted here).
+Other decoder families keep what a Llama block of their shape keeps, plus (measured on the CPU per family with
+autograd's saved tensors, eager and compiled; tests/test_families.py):
+  Gemma's two more norms (four a block, computed in fp32): 20h without autocast, 8h under autocast with a frozen
+  base, 16h with fp32 weights, 2h compiled
+  q/k norms (Qwen3, Gemma 3) over q and kv: 6 bytes each (Gemma's 8), 4 under autocast with a frozen base, 2
+  compiled; and their fp32 rstd per head
+  Phi-3's fused qkv projection: its output, 2(q + 2kv), without autocast; q + 2kv + h compiled
+  a mixture of experts, per token for its k experts of width I (in place of the dense MLP): the experts' gated
+  MLP 8kI (4kI compiled), the tokens gathered by expert and the experts' outputs 4kh (2.5kh under autocast, 3.5kh
+  compiled, 2kh compiled under autocast, 3.5kh with fp32 weights under autocast, their experts cast to bf16 by
+  models.experts), the router's fp32 probabilities 4E and the sort's indices 48k
 """
 
 from __future__ import annotations
@@ -42,10 +53,13 @@ class Activations:
     outside: float  # bytes per token kept outside the blocks (final norm, loss)
     attention: str  # the SDPA kernel the planner assumes ("flash", "memory-efficient" or "math")
     note: str
+    per_block: float = 0.0  # bytes a block keeps for backward whatever the tokens (adapted experts' rebuilt weights)
+    routing: float = 0.0  # of per_layer, a mixture of experts' routing (router probabilities, sort and gather indices)
 
     def saved_by_blocks(self, w: Workload) -> float:
         """Bytes every block keeps through one micro-batch's forward (what offload=activations copies)."""
-        return w.tokens * w.layers * self.kept_per_layer
+        kept = (1 - w.checkpointed_share) * (w.experts.sparse if w.experts else w.layers) * self.per_block
+        return w.tokens * w.layers * self.kept_per_layer + kept
 
 
 def _attention_kernel(w: Workload) -> str:
@@ -54,23 +68,77 @@ def _attention_kernel(w: Workload) -> str:
     return "math" if w.cfg.attn == "eager" else "memory-efficient" if w.fp32 else "flash"
 
 
+def _mode(w: Workload) -> str:
+    """How the block runs, as the measured terms are keyed: fp32, compiled, plain (no autocast), lora (autocast over a
+    frozen 16-bit base) or fp32 weights under autocast."""
+    if w.fp32:
+        return "fp32"
+    if w.cfg.compile:
+        return "compiled"
+    if not w.autocast:
+        return "plain"
+    return "lora" if w.residual_bytes == 2 else "fp32-weights"
+
+
+def _mlp(w: Workload, dense: float) -> float:
+    """The MLP's bytes per token: `dense` for a dense MLP of the model's width, else its experts' (module doc)."""
+    if not w.experts:
+        return dense
+    ex, h, mode = w.experts, w.spec.hidden_size, _mode(w)
+    ki, kh = ex.active * ex.width, ex.active * h
+    route = routing(w)
+    if mode == "compiled":
+        return 4 * ki + (3.5 if w.full else 2.0) * kh + route
+    if mode == "fp32":
+        return 2 * (8 * ki + 4 * kh) + route
+    return 8 * ki + {"plain": 4.0, "lora": 2.5}.get(mode, 3.5) * kh + route
+
+
+def routing(w: Workload) -> float:
+    """A sparse block's routing, per token: the router's fp32 probabilities over E experts, and the int64 indices of
+    the k experts chosen, sorted and gathered."""
+    return 4 * w.experts.count + 48 * w.experts.active if w.experts else 0.0
+
+
+def _family_extra(w: Workload) -> float:
+    """Bytes per token a block of this family keeps beyond a Llama block of its shape (module doc)."""
+    f, s = w.arch, w.spec
+    if f is None or f.kind != "decoder":
+        return 0.0
+    h, heads, mode = s.hidden_size, s.num_heads, _mode(w)
+    kv_heads = s.shape.get("num_key_value_heads") or heads
+    q, kv = heads * s.head_dim, kv_heads * s.head_dim
+    scale = 2.0 if mode == "fp32" else 1.0  # every tensor 4 bytes: the plain terms twice
+    extra = 0.0
+    if f.norms > 2:
+        extra += (f.norms - 2) / 2 * {"compiled": 2, "lora": 8, "fp32-weights": 16}.get(mode, 20 * scale) * h
+    if f.qk_norm:
+        per = {"compiled": 2, "lora": 4}.get(mode, (8 if f.norms > 2 else 6) * scale)
+        extra += per * (q + kv) + 4 * (heads + kv_heads)
+    if f.fused:
+        extra += (q + 2 * kv + h) if mode == "compiled" else 2 * (q + 2 * kv) * scale if mode in ("plain", "fp32") \
+            else 0.0
+    return extra
+
+
 def _llama_block(w: Workload) -> float:
     s = w.spec
-    h, q, i, heads = s.hidden_size, s.num_heads * s.head_dim, int(s.shape["intermediate_size"]), s.num_heads
+    h, q, i, heads = s.hidden_size, s.num_heads * s.head_dim, w.mlp_width, s.num_heads
     kv = (s.shape.get("num_key_value_heads") or heads) * s.head_dim
     attention = 2 * q + 4 * kv + 2 * q + 4 * heads  # flash: q, k, v, output, logsumexp
+    extra = _family_extra(w)
     if w.fp32:  # keys and values repeated to q's width (models.attention); 4 bytes each
         fp32_attention = 4 * q + 8 * q + 4 * q + 4 * heads
         if w.cfg.compile:
-            return 16 * h + 12 * i + fp32_attention + 8
-        return 24 * h + 16 * i + fp32_attention  # RMSNorm's cast is a no-op: input, normalized value, output
+            return 16 * h + _mlp(w, 12 * i) + fp32_attention + 8 + extra
+        return 24 * h + _mlp(w, 16 * i) + fp32_attention + extra  # RMSNorm's cast is a no-op: input, normalized, output
     if w.cfg.compile:  # measured: adapters keep 4h more (peft's and bitsandbytes' calls split the graph)
         norms = 12 * h if w.residual_bytes == 2 else 16 * h
-        return norms + attention + 4 * i + (0 if w.full else 4 * h)
+        return norms + attention + _mlp(w, 4 * i) + (0 if w.full else 4 * h) + extra
     if not w.autocast:  # a frozen RMSNorm weight needs no normalized value kept (LoRA under DeepSpeed)
-        return (16 if w.full else 12) * h + attention + 8 * i
+        return (16 if w.full else 12) * h + attention + _mlp(w, 8 * i) + extra
     norms = 20 * h if w.residual_bytes == 2 else 24 * h
-    return norms + attention + 8 * i
+    return norms + attention + _mlp(w, 8 * i) + extra
 
 
 def _gpt2_block(w: Workload) -> float:
@@ -98,7 +166,7 @@ def _matmul_outputs(w: Workload) -> float:
     s, b = w.spec, w.compute_bytes
     h, heads = s.hidden_size, s.num_heads
     if w.family == "llama":
-        q, i = heads * s.head_dim, int(s.shape["intermediate_size"])
+        q, i = heads * s.head_dim, w.mlp_width
         kv = (s.shape.get("num_key_value_heads") or heads) * s.head_dim
         return b * (q + 2 * kv + q + h + 2 * i + h) + 4 * heads  # q k v, attention, o, gate up, down
     inner = s.shape.get("n_inner") or 4 * h
@@ -114,7 +182,9 @@ def _attention_output(w: Workload) -> float:
 
 
 def _adapters(w: Workload) -> float:
-    return len(w.targets) * w.compute_bytes * w.cfg.lora_rank
+    """Each adapter's rank-r output per token (an MoE's experts' adapters: k of them)."""
+    ranks = w.target_ranks or (w.cfg.lora_rank,) * len(w.targets)
+    return sum(w.compute_bytes * r * t.active for t, r in zip(w.targets, ranks))
 
 
 def _math_attention_extra(w: Workload) -> float:
@@ -123,6 +193,12 @@ def _math_attention_extra(w: Workload) -> float:
     q, heads = s.num_heads * s.head_dim, s.num_heads
     kv = (s.shape.get("num_key_value_heads") or heads) * s.head_dim
     return (6 * q + 2 * heads * w.cfg.seq_len) - (4 * q + 4 * kv + 4 * heads)
+
+
+# LoRA on an MoE's experts through peft's ParamWrapper: each adapted expert weight rebuilt as W + B A and kept for
+# backward, per expert weight in a 16-bit base (measured on the CPU: 2.38 and 2.50 bytes for Mixtral- and
+# Qwen3-MoE-shaped blocks)
+EXPERT_DELTA_KEPT_BYTES = 2.45
 
 
 def activations(w: Workload) -> Activations:
@@ -152,4 +228,7 @@ def activations(w: Workload) -> Activations:
             "checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
             if share == 1 else "every block keeps its activations until backward" if share == 0 else
             f"checkpointing one block in {w.cfg.ckpt_every}: those keep their input, the others everything")
-    return Activations(block, kept, outside, kernel, note)
+    per_block = 0.0
+    if w.adapts_experts:
+        per_block = EXPERT_DELTA_KEPT_BYTES * w.compute_bytes / 2 * w.counts.experts / w.experts.sparse
+    return Activations(block, kept, outside, kernel, note, per_block, routing(w))

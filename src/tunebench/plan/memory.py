@@ -112,6 +112,24 @@ def _weights(w: Workload) -> list[Item]:
             adapters]
 
 
+def _experts_apart(w: Workload, items: list[Item]) -> list[Item]:
+    """A mixture of experts' weights item as two: the experts' share (of the 4-bit block linears for QLoRA, of every
+    parameter otherwise), and the rest."""
+    c = w.counts
+    if not c.experts:
+        return items
+    out = []
+    for i in items:
+        if i.name != "weights":
+            out.append(i)
+            continue
+        share = c.experts / (c.block_linears if w.cfg.method == "qlora" else c.total)
+        out += [Item("weights", i.bytes * (1 - share), i.note + "; without the experts"),
+                Item("expert weights", i.bytes * share, f"{w.experts.count} experts in each of {w.experts.sparse} "
+                                                        f"blocks, {w.experts.active} per token")]
+    return out
+
+
 def _optimizer(w: Workload) -> tuple[float, float]:
     """(allocator bytes, paged bytes) of the optimizer state on one GPU."""
     if w.offloaded:
@@ -207,12 +225,12 @@ def _head_grad_held(w: Workload) -> float:
 def _backward_temps(w: Workload, act: Activations) -> float:
     """Gradient temporaries of the block being differentiated (and its rebuilt activations when checkpointed)."""
     s = w.spec
-    inner = s.shape.get("intermediate_size") or s.shape.get("n_inner") or 4 * s.hidden_size
+    inner = w.mlp_width
     temps = 2 * w.tokens * inner * w.compute_bytes
     if act.attention == "math":  # gradients of the S x S probabilities
         temps += 2 * w.cfg.batch_size * s.num_heads * w.cfg.seq_len ** 2 * w.compute_bytes
     if w.checkpointed_share:
-        temps += w.tokens * act.per_layer
+        temps += w.tokens * act.per_layer + act.per_block
     if w.recompute_traced and w.recomputed_share:
         temps += TRACED_EXTRA_BLOCKS * w.tokens * act.per_layer
         # QLoRA's block weights rebuilt for its backward: bf16, or e4m3 with a frozen float8 base (not measured)
@@ -247,7 +265,7 @@ def _evaluation_temps(w: Workload) -> float:
     in the compute dtype and in fp32, and one block's temporaries (measured on an H100, benchmarks/peak_parts.py:
     +0.70 GiB for Llama-3.2-1B s1024 b4, +0.24 for GPT-2 small, above the step's gradients, states and pool)."""
     s, cb = w.spec, w.compute_bytes
-    inner = s.shape.get("intermediate_size") or s.shape.get("n_inner") or 4 * s.hidden_size
+    inner = w.mlp_width
     cast = cb * w.counts.head if (w.autocast and w.full and w.residual_bytes == 4) else 0.0
     rows = min(w.tokens, max(128, chunk_rows(w) // EVAL_CHUNK_FRACTION))
     return cast + rows * s.vocab_size * (cb + 4) + w.tokens * (2 * inner * cb + 6 * s.hidden_size * 4)
@@ -276,7 +294,7 @@ def _weight_casts(w: Workload) -> float:
 
 def memory(w: Workload) -> MemoryPlan:
     act = activations(w)
-    weights, working = _weights(w), _working(w)
+    weights, working = _experts_apart(w, _weights(w)), _working(w)
     opt, paged = _optimizer(w)
     grads = _grads(w)
     kept_loss, loss_transient, loss_backward = _loss(w)

@@ -140,6 +140,15 @@ PCIE_BYTES_PER_S = 20e9
 ACTIVATION_COPY_BYTES_PER_S = 20e9
 COPIES_EXPOSED = 0.4
 HIDDEN_BEHIND_COMPUTE = {"ddp": 0.8, "fsdp": 0.7, "zero2": 0.7, "zero3": 0.5}
+# A mixture of experts' GEMMs are grouped (torch's grouped GEMM, one kernel over every token-expert pair) at the
+# efficiency of a matmul of that many rows, times this for grouping and routing (the sort, the gather, the weighted
+# sum back; fitted on an H100: Qwen3-30B-A3B LoRA s512 b8, within 1%, and its QLoRA +9%)
+MOE_GROUPED_EFFICIENCY = 0.6
+# LoRA on an MoE's experts (peft's ParamWrapper) rebuilds every expert's weight as W + scale * B A at every pass, and
+# its backward makes each expert weight's whole gradient to reach the adapters: per expert weight and pass, as bytes
+# at the memory's bandwidth (fitted on one H100 run, Qwen3-30B-A3B all-linear; W, W' and their gradient in 16 bits
+# would be 6-8: peft's einsums move several times that)
+EXPERT_DELTA_BYTES = 38
 
 
 @dataclass(frozen=True)
@@ -167,10 +176,13 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     # passes over the weights: forward, backward, recompute (4-bit weights dequantized again; once for both where
     # the recompute is in backward's graph)
     passes = 2 + share - traced
-    blocks = c.block_linears * (6 if w.full else 4) + 2 * c.block_linears * again
+    dense = c.block_matmul - c.active_experts  # what every token multiplies by at the dense GEMMs' efficiency
+    blocks = dense * (6 if w.full else 4) + 2 * dense * again
+    # experts: their weight gradients where they train (full, or LoRA through peft's rebuilt weights)
+    experts = c.active_experts * (6 if w.full or w.adapts_experts else 4) + 2 * c.active_experts * again
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
     kept = w.kept_share  # blocks keeping attention and the adapters' first factor: only the up-projections rerun
-    adapters = w.lora_params * (6 + kept + 2 * (share - kept))
+    adapters = w.active_lora_params * (6 + kept + 2 * (share - kept))
     if w.fp32 and cfg.tf32 and hw.gpu.tf32:  # on the tensor cores, as bf16's GEMMs are
         ceiling = hw.tf32_matmul_flops * matmul_efficiency(s.hidden_size, w.tokens) * TF32_OF_BF16_EFFICIENCY
         adapter_ceiling = hw.tf32_matmul_flops * 0.15
@@ -184,6 +196,7 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     odd = UNALIGNED_HEAD_SLOWDOWN if s.vocab_size % HEAD_ALIGN and not head_padded(w) else 1.0
     gemm = (blocks / speedup + head * odd) * tokens / ceiling
     gemm += adapters * tokens / adapter_ceiling  # rank-r GEMMs are far from the tensor cores' ceiling
+    gemm += _experts_gemm(w, experts, ceiling, adapter_ceiling, passes)
     q = s.num_heads * s.head_dim
     attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share - kept) * tokens
     if w.dropout:
@@ -197,6 +210,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     moved += LOSS_BYTES_PER_LOGIT * w.compute_bytes / 2 * tokens * s.vocab_size  # fitted on 16-bit logits
     if cfg.method == "qlora":
         moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
+    if w.adapts_experts:
+        moved += EXPERT_DELTA_BYTES * c.experts * passes * cfg.grad_accum
     # bf16-pure: AdamW's parameters, gradients and states are half as many bytes (not measured yet: scaled)
     half = w.pure and cfg.optimizer in ("adamw", "adamw_fused")
     per_param = OPTIMIZER_BYTES_BY_STRATEGY.get(w.strategy.name, OPTIMIZER_BYTES)[cfg.optimizer]
@@ -212,6 +227,22 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
         attention_flops = ATTENTION_OF_PEAK * cfg.seq_len / (cfg.seq_len + ATTENTION_HALF_SEQ) * hw.gpu.peak_flops
     return {"matmul": gemm, "attention": attention / attention_flops,
             "elementwise": moved / hw.bandwidth, "optimizer": optimizer}
+
+
+def _experts_gemm(w: Workload, flops_per_token: float, ceiling: float, adapter_ceiling: float,
+                  passes: float) -> float:
+    """Seconds of a mixture of experts' grouped GEMMs, each expert over its share of the micro-batch's tokens; with
+    LoRA on the experts, W' = W + B A for every expert at each pass (rank-r GEMMs over the whole stack)."""
+    if not w.experts:
+        return 0.0
+    s, cfg = w.spec, w.cfg
+    rows = w.tokens * w.experts.active  # one grouped GEMM over every (token, expert) pair
+    grouped = ceiling / matmul_efficiency(s.hidden_size, w.tokens) * matmul_efficiency(s.hidden_size, rows)
+    seconds = flops_per_token * w.tokens * cfg.grad_accum / (grouped * MOE_GROUPED_EFFICIENCY)
+    if w.adapts_experts:
+        rank = max(w.target_ranks or (cfg.lora_rank,))
+        seconds += 2 * rank * w.counts.experts * (1 + passes) * cfg.grad_accum / adapter_ceiling
+    return seconds
 
 
 def _host(w: Workload) -> float:

@@ -29,6 +29,8 @@ def summary_table(p: Prediction) -> Table:
                 "the offloaded fp32 master weights, Adam's state and gradients")
         tab.add("host memory", f"{gib(m.host_bytes * per_node)} per node ({gib(m.host_bytes)} per GPU's process): "
                                + what)
+    if p.workload is not None:
+        tab.add("model", model_line(p.workload))
     tab.add("tokens/s", f"{fmt(p.tokens_per_s, ',.0f')}  ({fmt(p.tokens_per_s / p.world, ',.0f')} per GPU)")
     tab.add("step time", f"{t.seconds * 1e3:,.1f} ms  ({t.bound}-bound)")
     tab.add("MFU", pct(p.mfu))
@@ -57,10 +59,25 @@ def summary_table(p: Prediction) -> Table:
     if p.cfg.offload == "activations":
         tab.add("note", "offload=activations: the copies to the host and back are taken as hidden behind the step's "
                         "compute where they take less time (measured on an H200); beyond it they are exposed")
+    w = p.workload
+    if w is not None and w.experts:
+        tab.add("note", "mixture of experts: its grouped GEMMs' efficiency fitted on one model (Qwen3-30B-A3B, H100)"
+                + ("; LoRA on the experts rebuilds every expert's weight at each pass (peft's), fitted on one run"
+                   if w.adapts_experts else ""))
     if p.verdict == "tight":
         tab.add("note", "within 5% of the GPU's memory: fragmentation may still run out; "
                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it")
     return tab
+
+
+def model_line(w: Any) -> str:
+    """The family and its parameters; a mixture of experts' active ones (its routers and k experts) apart."""
+    c, label = w.counts, w.arch.label if w.arch else w.family
+    line = f"{label}: {c.total / 1e9:,.2f} B parameters"
+    if w.experts:
+        line += (f", {(c.matmul + c.embeddings) / 1e9:,.2f} B active per token ({w.experts.active} of "
+                 f"{w.experts.count} experts; experts {c.experts / 1e9:,.2f} B, routers {c.routers / 1e6:,.1f} M)")
+    return line
 
 
 def memory_table(p: Prediction) -> Table:
@@ -72,6 +89,10 @@ def memory_table(p: Prediction) -> Table:
     tab.add("  per block", gib(a.kept_per_layer * p.cfg.batch_size * p.cfg.seq_len, ".3f", ""),
             f"{fmt(a.kept_per_layer, ',.0f')} bytes/token kept ({fmt(a.per_layer, ',.0f')} during its backward), "
             f"{a.attention} attention")
+    if a.routing:
+        tab.add("  routing", gib(a.routing * p.cfg.batch_size * p.cfg.seq_len, ".3f", ""),
+                f"of each sparse block's: {fmt(a.routing, ',.0f')} bytes/token (the router's probabilities, the "
+                "chosen experts' indices)")
     return tab
 
 

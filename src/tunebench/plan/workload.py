@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tunebench.config import RunConfig
+from tunebench.config.targets import split_targets
 from tunebench.errors import UserError
 from tunebench.models.count import Counts, Linear, counts
+from tunebench.models.families import Experts, Family, experts_of, family_of, known
+from tunebench.models.families import refusal as family_refusal
 from tunebench.models.spec import ModelSpec, resolve_model
 from tunebench.strategies import STRATEGIES, Strategy, compiles_whole_model
 
-Family = Literal["llama", "gpt2"]
+BlockKind = Literal["llama", "gpt2"]
 
 
 @dataclass(frozen=True)
@@ -33,9 +36,13 @@ class Workload:
     counts: Counts
     strategy: Strategy
     world: int  # GPUs in the run
-    family: Family
+    family: BlockKind  # the block's layout the formulas follow: Llama-style decoders, or GPT-2
     targets: tuple[Linear, ...]  # one block's linears that get LoRA adapters (empty for full)
     evaluates: bool = False  # a train job that evaluates on held-out rows between its steps
+    arch: Family | None = None  # the model family (models.families): norms, q/k norms, soft-capping, experts
+    experts: Experts | None = None  # a mixture of experts' experts
+    # LoRA ranks per target, as peft gives them (its all-linear doubles the rank of an MoE's fused gate_up experts)
+    target_ranks: tuple[int, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -113,10 +120,33 @@ class Workload:
             return False
         return self.cfg.method != "qlora" or self.fusable_4bit
 
+    def blocks_with(self, t: Linear) -> int:
+        """Blocks that hold the layer `t` (an MoE's experts and routers: its sparse blocks)."""
+        return self.experts.sparse if self.experts and t.kind != "linear" else self.layers
+
     @property
     def lora_params(self) -> int:
-        r = self.cfg.lora_rank
-        return self.layers * sum(r * (t.fan_in + t.fan_out) for t in self.targets)
+        ranks = self.target_ranks or (self.cfg.lora_rank,) * len(self.targets)
+        return sum(self.blocks_with(t) * r * (t.fan_in + t.fan_out) * t.copies for t, r in zip(self.targets, ranks))
+
+    @property
+    def active_lora_params(self) -> int:
+        """Adapter weights one token multiplies by: an MoE's experts' adapters, k of E."""
+        ranks = self.target_ranks or (self.cfg.lora_rank,) * len(self.targets)
+        return sum(self.blocks_with(t) * r * (t.fan_in + t.fan_out) * t.active for t, r in zip(self.targets, ranks))
+
+    @property
+    def adapts_experts(self) -> bool:
+        """LoRA on the experts' 3-D weights (peft's ParamWrapper rebuilds them with the adapters at every pass)."""
+        return any(t.kind == "experts" for t in self.targets)
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP's width one token goes through: the dense intermediate size, or k experts' widths."""
+        if self.experts:
+            return self.experts.active * self.experts.width
+        s = self.spec.shape
+        return int(s.get("intermediate_size") or s.get("n_inner") or 4 * self.spec.hidden_size)
 
     @property
     def trainable(self) -> int:
@@ -212,29 +242,41 @@ class Workload:
                      else self.spec.shape.get("attention_dropout", 0.0))
 
 
-def _family(spec: ModelSpec) -> Family | None:
-    kind = spec.shape.get("model_type") or ("gpt2" if "n_layer" in spec.shape else "llama")
-    if kind == "gpt2":
-        return "gpt2"
-    return "llama" if kind in ("llama", "mistral", "qwen2") and "intermediate_size" in spec.shape else None
+def _kind(family: Family) -> BlockKind:
+    return "gpt2" if family.kind == "gpt2" else "llama"
 
 
-def lora_targets(c: Counts, targets: list[str]) -> tuple[Linear, ...]:
-    if targets == ["all-linear"]:
-        return c.linears
-    return tuple(lin for lin in c.linears if any(lin.name == t or t.endswith("." + lin.name) for t in targets))
+def lora_targets(c: Counts, targets: list[str], quantized: bool = False) -> tuple[tuple[Linear, ...], tuple[int, ...]]:
+    """One block's layers that get adapters, and each one's rank factor, as methods.lora asks peft for them:
+    all-linear is every linear layer, and on a mixture of experts the routers and (unless 4-bit: `quantized`) the
+    experts, the fused gate_up_proj at twice the rank; `experts` names both expert weights."""
+    modules, params = split_targets(targets)
+    chosen: list[tuple[Linear, int]] = []
+    for lin in c.linears:
+        if lin.kind == "experts":
+            if modules == "all-linear" and not quantized and not params:
+                chosen.append((lin, 2 if lin.name.endswith("gate_up_proj") else 1))
+            elif any(lin.name == p or lin.name.endswith("." + p.split(".")[-1]) and p.startswith("experts")
+                     for p in params):
+                chosen.append((lin, 1))
+        elif modules == "all-linear" or any(lin.name == t or t.endswith("." + lin.name) for t in modules):
+            chosen.append((lin, 1))
+    return tuple(lin for lin, _ in chosen), tuple(f for _, f in chosen)
 
 
 def workload(cfg: RunConfig, world: int, evaluates: bool = False) -> Workload:
     """The workload of `cfg` on `world` GPUs (`evaluates`: a train job's evaluations between steps). Refuses models
     whose architecture the planner does not know."""
     spec = resolve_model(cfg.model)
-    family, c = _family(spec), counts(spec)
+    family, c = family_of(spec.shape), counts(spec)
     if family is None or c is None:
-        raise UserError(f"cannot plan model={cfg.model}: the planner knows Llama/Mistral/Qwen2 and GPT-2 "
-                        f"architectures, not {spec.shape.get('model_type', 'this one')}")
+        raise UserError(f"cannot plan model={cfg.model}: the planner knows {known()} architectures, not "
+                        f"{spec.shape.get('model_type', 'this one')}")
     strategy = STRATEGIES[cfg.strategy]
     strategy.check(cfg, world, packages=False)
+    if why := family_refusal(spec.shape, cfg.method, cfg.strategy):
+        raise UserError(f"invalid {why[0]}={why[1]}: {why[2]}")
     cfg = cfg.resolved("cuda", c.per_block, compiles_whole_model(cfg))
-    targets = () if cfg.method == "full" else lora_targets(c, cfg.lora_targets)
-    return Workload(cfg, spec, c, strategy, world, family, targets, evaluates)
+    targets, factors = ((), ()) if cfg.method == "full" else lora_targets(c, cfg.lora_targets, cfg.method == "qlora")
+    return Workload(cfg, spec, c, strategy, world, _kind(family), targets, evaluates, family,
+                    experts_of(spec.shape, spec.num_layers), tuple(f * cfg.lora_rank for f in factors))

@@ -7,7 +7,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tunebench.config import RunConfig
-from tunebench.engine.optim import build_optimizer
+from tunebench.engine.optim import build_optimizer, param_groups
 from tunebench.engine.step import TrainStep, torch_step
 from tunebench.strategies.state import Replicated
 
@@ -23,6 +23,7 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
     ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
                                   bucket_cap_mb=BUCKET_MB, gradient_as_bucket_view=True, init_sync=False)
     params = [p for p in ddp.parameters() if p.requires_grad]
-    ts = torch_step(ddp, params, build_optimizer(params, cfg), cfg, device, no_sync=ddp.no_sync)
+    ts = torch_step(ddp, params, build_optimizer(param_groups(ddp, params, cfg.weight_decay), cfg), cfg, device,
+                    no_sync=ddp.no_sync)
     ts.state = Replicated(module, ts.optimizer)
     return ts

@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from tunebench.config import RunConfig
-from tunebench.engine.optim import build_optimizer
+from tunebench.engine.optim import build_optimizer, param_groups
 from tunebench.engine.step import TrainStep, torch_step
 from tunebench.strategies.state import Sharded
 
@@ -51,7 +51,8 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
             module.set_requires_gradient_sync(True)
 
     params = [p for p in module.parameters() if p.requires_grad]
-    ts = torch_step(module, params, build_optimizer(params, cfg), cfg, device, no_sync=no_sync)
+    ts = torch_step(module, params, build_optimizer(param_groups(module, params, cfg.weight_decay), cfg), cfg, device,
+                    no_sync=no_sync)
     if cfg.float8 == "tensorwise":  # weights all-gathered in float8 (models.float8): their scales once per step
         from tunebench.models.float8 import precompute_scales
 

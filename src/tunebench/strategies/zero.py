@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from tunebench.config import RunConfig
-from tunebench.engine.optim import build_optimizer
+from tunebench.engine.optim import Params, build_optimizer, param_groups
 from tunebench.engine.step import TrainStep
 from tunebench.strategies.state import DeepSpeedState
 
@@ -64,7 +64,7 @@ def partitioning(cfg: RunConfig, world_size: int, stage: int) -> Any:
     return deepspeed.zero.Init(config_dict_or_path=ds_config(cfg, stage, world_size), mem_efficient_linear=False)
 
 
-def host_optimizer(params: list[nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
+def host_optimizer(params: Params, cfg: RunConfig) -> torch.optim.Optimizer:
     """AdamW on the host, vectorised and multithreaded (DeepSpeed builds its C++ op the first time)."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -78,7 +78,8 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
     _skip_shm_build()  # deepspeed.initialize starts the communicator where partitioning did not
     if materialize is not None:  # the model was built partitioned: fill the partitions before the optimizer copies
         materialize()
-    params = [p for p in module.parameters() if p.requires_grad]
+    # with weight decay two groups (engine.optim.param_groups), each of which DeepSpeed flattens and shards apart
+    params = param_groups(module, [p for p in module.parameters() if p.requires_grad], cfg.weight_decay)
     optimizer = host_optimizer(params, cfg) if cfg.offload == "optimizer" else build_optimizer(params, cfg)
     engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config(cfg, stage, world_size),
                                       dist_init_required=False)

@@ -22,6 +22,7 @@ from tunebench.dist import DistContext
 from tunebench.engine import checkpoint
 from tunebench.engine.loop import LoopResult
 from tunebench.engine.model import CausalLMWithLoss
+from tunebench.engine.schedule import lr_of_step
 from tunebench.engine.step import autocast
 from tunebench.metrics.memory import peak_allocated
 from tunebench.units import GIB
@@ -121,16 +122,16 @@ class TrainHooks:
         loss = result.losses[-1] if result.losses and loss_step else None
         mem = peak_allocated(torch.device("cuda"), self.cfg.cuda_graphs is True) / GIB \
             if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        lr = lr_of_step(self.sched, done)  # the rate step `done` ran at (the scheduler already holds the next)
         parts = [f"step {done}/{self.total}", loss_text(loss, loss_step, done),
-                 f"lr {self.sched.get_last_lr()[0]:.3g}", "" if tps is None else f"{tps:,.0f} tokens/s",
+                 f"lr {lr:.3g}", "" if tps is None else f"{tps:,.0f} tokens/s",
                  "" if mfu is None else f"MFU {mfu:.1%}", "" if mem is None else f"peak {mem:.2f} GiB",
                  "" if eta is None else f"ETA {eta / 60:.1f} min"]
         say("train: " + ", ".join(p for p in parts if p))
         if self.trackers:
             if loss is not None:  # at the step it belongs to, so the curve is not shifted by the read-back lag
                 self.trackers.log({"train/loss": loss}, loss_step)
-            self.trackers.log({"train/lr": self.sched.get_last_lr()[0], "train/tokens_per_s": tps, "train/mfu": mfu},
-                              done)
+            self.trackers.log({"train/lr": lr, "train/tokens_per_s": tps, "train/mfu": mfu}, done)
 
     def run(self, done: int, result: LoopResult, stop: bool) -> bool:
         c, last = self.cfg, done == self.total
