@@ -448,3 +448,69 @@ def test_a_mixture_of_experts_trains_alike_under_fsdp(dirs, tmp_path):
 
     single = losses("--batch-size", "2")
     assert losses("--strategy", "fsdp", "--nproc-per-node", "2", "--batch-size", "1") == pytest.approx(single, abs=1e-4)
+
+
+@pytest.mark.parametrize("cls,extra", [
+    ("Phi3Config", dict(attention_bias=True, mlp_bias=True)),  # keys a family's modules ignore count for nothing
+    ("MixtralConfig", dict(attention_bias=True, num_local_experts=4, num_experts_per_tok=2)),
+    ("MistralConfig", dict(mlp_bias=True)),
+    ("Qwen2Config", dict(attention_bias=True, tie_word_embeddings=True)),
+    ("Qwen3Config", dict(attention_bias=True, mlp_bias=True, head_dim=16)),
+    ("LlamaConfig", dict(attention_bias=True, mlp_bias=True)),
+    ("Qwen3MoeConfig", dict(moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, head_dim=16,
+                            mlp_only_layers=[0], decoder_sparse_step=1)),
+    ("Qwen3MoeConfig", dict(moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, head_dim=16,
+                            num_hidden_layers=4, decoder_sparse_step=2)),
+    ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, tie_word_embeddings=False)),
+])
+def test_counts_of_configs_users_have(tmp_path, cls, extra):
+    """A local directory's config as users have them (keys its family ignores, partly sparse MoEs, untied heads):
+    the counts are the built model's."""
+    import transformers
+
+    config = getattr(transformers, cls)(**TINY | extra)
+    (tmp_path / "config.json").write_text(config.to_json_string())
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.tie_weights()
+    built = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert counts(resolve_model(str(tmp_path))).total == built
+
+
+def test_qlora_all_linear_of_a_partly_sparse_moe(tmp_path, tb):
+    """Qwen3-MoE with a dense MLP layer: QLoRA's all-linear adapts attention and the routers (peft would turn the
+    dense layers' names into the 4-bit experts), as the planner counts; naming them is refused in one line; a MoE
+    family whose experts are not tunebench's 4-bit ones is refused for QLoRA, its experts left as transformers has
+    them; a planned QLoRA on the experts is refused as a run is."""
+    import transformers
+
+    from tunebench.methods import apply_method
+    from tunebench.models import build_model
+    from tunebench.plan.workload import workload
+
+    config = transformers.Qwen3MoeConfig(**TINY | dict(moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                                                       head_dim=16, mlp_only_layers=[0]))
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "moe")
+    path = str(tmp_path / "moe")
+    cfg = RunConfig(model=path, method="qlora", device="cpu")
+    model = apply_method(build_model(resolve_model(path), cfg, torch.device("cpu"))[0], cfg)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == workload(cfg, 1).trainable
+    code, _, err = tb("run", "--model", path, "--method", "qlora", "--lora-targets", "gate_proj", "--device", "cpu",
+                      "--seq-len", "32", "--no-store")
+    assert code == 2 and "turns this name into the experts' weights" in err
+    code, _, err = tb("plan", "--model", "qwen3-30b-a3b", "--method", "qlora", "--lora-targets", "experts", "--gpu", "H100-80GB")
+    assert code == 2 and "QLoRA's experts are 4-bit" in err
+    (tmp_path / "qwen2moe").mkdir()
+    (tmp_path / "qwen2moe" / "config.json").write_text(transformers.Qwen2MoeConfig(**TINY | dict(
+        moe_intermediate_size=64, shared_expert_intermediate_size=64, num_experts=8)).to_json_string())
+    code, _, err = tb("run", "--model", str(tmp_path / "qwen2moe"), "--method", "qlora", "--device", "cpu",
+                      "--seq-len", "32", "--no-store")
+    assert code == 2 and "not among them" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_rank_with_no_experts_reads_no_rows(dirs):
+    """More FSDP2 ranks than experts: a rank's share of a fused experts weight is empty, read as such."""
+    from tunebench.models.shards import SafetensorsRows
+
+    rows = SafetensorsRows(dirs["mixtral"]).rows("model.layers.0.mlp.experts.gate_up_proj", 4, 4)
+    assert rows.shape == (0, 2 * TINY["intermediate_size"], TINY["hidden_size"])

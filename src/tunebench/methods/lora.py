@@ -42,6 +42,9 @@ def check_targets(model: nn.Module, targets: list[str], quantized: bool = False)
                               + (f" (it has: {', '.join(has)})" if has else ""))
     if modules == "all-linear" or not modules:
         return
+    if quantized and expert_parameters(model) and (named := EXPERT_NAMES_IN_PEFT.intersection(modules)):
+        raise invalid("lora_targets", sorted(named)[0], "on a mixture of experts peft turns this name into the "
+                                                        "experts' weights, which QLoRA keeps in 4 bits (use lora)")
     linears = [n for n, m in model.named_modules() if n and _is_linear(m)]
     for t in modules:
         if not any(n == t or n.endswith("." + t) for n in linears):
@@ -50,13 +53,20 @@ def check_targets(model: nn.Module, targets: list[str], quantized: bool = False)
                                              f"(or all-linear{', experts' if expert_parameters(model) else ''})")
 
 
+# names peft's conversion of MoE targets (transformers 4 -> 5) turns into the experts' 3-D weights, wherever they
+# stand: the experts' projections as transformers 4 named them (Mixtral's w1/w2/w3, Qwen-MoE's), which a dense layer
+# of a partly sparse model shares
+EXPERT_NAMES_IN_PEFT = frozenset({"w1", "w2", "w3", "gate_proj", "up_proj", "down_proj"})
+
+
 def _all_linear_of_4bit_experts(model: nn.Module) -> list[str]:
     """'all-linear' where the experts are 4-bit (QLoRA): the linear layers and the routers, which peft's all-linear
-    would extend to the expert weights it cannot adapt in 4 bits."""
+    would extend to the expert weights it cannot adapt in 4 bits; without the names peft would turn into those
+    experts (a partly sparse model's dense MLP layers: no adapters there, as under peft's own all-linear)."""
     head = model.get_output_embeddings()
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if n and _is_linear(m) and m is not head}
     routers = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "top_k") and hasattr(m, "weight")}
-    return sorted(names | routers)
+    return sorted((names - EXPERT_NAMES_IN_PEFT) | routers)
 
 
 def apply_lora(model: nn.Module, cfg: RunConfig) -> nn.Module:

@@ -66,10 +66,10 @@ def _attention(f: Family, s: dict, hidden: int, heads: int, kv: int, head_dim: i
         shapes = [Linear("q_proj", hidden, q), Linear("k_proj", hidden, k), Linear("v_proj", hidden, k),
                   Linear("o_proj", q, hidden)]
     extra = 0
-    if s.get("attention_bias"):
-        extra += q + 2 * k + hidden
-    elif f.qkv_bias:
+    if f.qkv_bias:  # Qwen2's, whatever attention_bias says
         extra += q + 2 * k
+    elif s.get("attention_bias") and "attention_bias" in f.biases:
+        extra += q + 2 * k + hidden
     if f.qk_norm:
         extra += 2 * head_dim
     return shapes, extra
@@ -90,7 +90,8 @@ def _decoder(f: Family, spec: ModelSpec) -> Counts:
     attn, attn_extra = _attention(f, s, hidden, heads, s.get("num_key_value_heads") or heads, head_dim)
     norms = f.norms * hidden
     ex = experts_of(s, layers)
-    dense, dense_extra = _mlp(f, hidden, s.get("intermediate_size") or 0, bool(s.get("mlp_bias")))
+    dense, dense_extra = _mlp(f, hidden, s.get("intermediate_size") or 0,
+                              bool(s.get("mlp_bias")) and "mlp_bias" in f.biases)
     dense_block = sum(lin.size for lin in attn + dense) + attn_extra + dense_extra + norms
     if ex is None:
         blocks, linears = layers * dense_block, tuple(attn + dense)
@@ -123,8 +124,9 @@ def _gpt2(s: dict, layers: int, hidden: int, vocab: int) -> Counts:
               Linear("c_proj", inner, hidden))
     linears = layers * sum(lin.size for lin in shapes)
     embeddings = vocab * hidden + positions * hidden
-    return Counts(embeddings + layers * block + 2 * hidden, linears, vocab * hidden, block, shapes,
-                  s.get("tie_word_embeddings", True), embeddings)
+    tied = s.get("tie_word_embeddings", True)
+    return Counts(embeddings + layers * block + 2 * hidden + (0 if tied else vocab * hidden), linears, vocab * hidden,
+                  block, shapes, tied, embeddings)
 
 
 def counts(spec: ModelSpec) -> Counts | None:

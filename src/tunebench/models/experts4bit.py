@@ -21,13 +21,18 @@ import torch
 from torch import nn
 
 from tunebench.models import nf4
+from tunebench.models.families import QUANTIZED_EXPERTS
 
 WEIGHTS = ("gate_up_proj", "down_proj")
 
 
 def is_experts(module: nn.Module) -> bool:
-    """transformers' experts module of a mixture-of-experts block (Mixtral's, Qwen3-MoE's): E experts' gated MLPs as
-    two 3-D parameters."""
+    """transformers' experts module of a mixture-of-experts block of the families these layers were built for
+    (models.families: Mixtral's, Qwen3-MoE's): E experts' gated MLPs as two 3-D parameters. Others' experts (their
+    own gates, limits, biases) are left as transformers has them."""
+    config = getattr(module, "config", None)
+    if getattr(config, "model_type", None) not in QUANTIZED_EXPERTS:
+        return False
     return (isinstance(getattr(module, "num_experts", None), int) and all(
         isinstance(getattr(module, n, None), torch.Tensor) and getattr(module, n).dim() == 3 for n in WEIGHTS)
         and not getattr(module, "has_bias", False) and not getattr(module, "is_transposed", False))

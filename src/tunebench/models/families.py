@@ -12,6 +12,7 @@ Within `decoder`, what differs:
   qk_norm     Qwen3, Gemma 3: an RMSNorm over each head's query and key
   norms       RMSNorms per block: Gemma's sandwich norms are four (before and after attention and MLP)
   softcap     Gemma 2: attention logits and the output's logits soft-capped (c * tanh(x / c))
+  biases      the config's bias keys the family's modules read (attention_bias, mlp_bias): others ignore them
   experts     mixture of experts: a router and E experts per sparse block, k of them per token; transformers 5
               stores each block's experts as two 3-D parameters (gate_up_proj E x 2I x h, down_proj E x h x I)
 """
@@ -32,6 +33,7 @@ class Family:
     norms: int = 2
     softcap: bool = False
     experts: bool = False
+    biases: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -40,16 +42,16 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("llama"),
+    Family("llama", biases=("attention_bias", "mlp_bias")),
     Family("mistral"),
     Family("qwen2", qkv_bias=True),
-    Family("qwen3", qk_norm=True),
-    Family("gemma", norms=2),
-    Family("gemma2", norms=4, softcap=True),
-    Family("gemma3_text", norms=4, qk_norm=True),
+    Family("qwen3", qk_norm=True, biases=("attention_bias",)),
+    Family("gemma", norms=2, biases=("attention_bias",)),
+    Family("gemma2", norms=4, softcap=True, biases=("attention_bias",)),
+    Family("gemma3_text", norms=4, qk_norm=True, biases=("attention_bias",)),
     Family("phi3", fused=True),
     Family("mixtral", experts=True),
-    Family("qwen3_moe", qk_norm=True, experts=True),
+    Family("qwen3_moe", qk_norm=True, experts=True, biases=("attention_bias",)),
     Family("gpt2", kind="gpt2"),
 )}
 
@@ -94,11 +96,29 @@ def experts_of(shape: dict[str, Any], layers: int) -> Experts | None:
     return Experts(int(count), int(shape["num_experts_per_tok"]), int(width), sparse)
 
 
-def refusal(shape: dict[str, Any], method: str, strategy: str) -> tuple[str, str, str] | None:
-    """(field, value, why) where this family cannot run `method` under `strategy`, else None."""
+def has_experts(shape: dict[str, Any]) -> bool:
+    """A config of a mixture of experts, known here or not (transformers' keys for the expert count)."""
+    return bool(shape.get("num_local_experts") or shape.get("num_experts") or shape.get("n_routed_experts"))
+
+
+def refusal(shape: dict[str, Any], method: str, strategy: str,
+            expert_targets: bool = False) -> tuple[str, str, str] | None:
+    """(field, value, why) where this model cannot run `method` under `strategy` (`expert_targets`: LoRA targets
+    name the experts), else None."""
     family = family_of(shape)
-    if family and family.experts and method == "qlora" and strategy not in ("single", "ddp"):
+    if method != "qlora" or not has_experts(shape):
+        return None
+    if family is None or not family.experts:
+        return ("method", method, f"QLoRA's 4-bit experts are tunebench's for {', '.join(QUANTIZED_EXPERTS)}; "
+                                  f"{shape.get('model_type', 'this model')}'s are not among them (use method lora)")
+    if strategy not in ("single", "ddp"):
         return ("strategy", strategy, f"QLoRA of a mixture of experts ({family.label}) runs under single or ddp: "
                                       "its 4-bit experts are tunebench's own layers, which FSDP2 and DeepSpeed do not "
                                       "shard")
+    if expert_targets:
+        return ("lora_targets", "experts", "QLoRA's experts are 4-bit, and peft adapts only unquantized expert "
+                                           "weights: use method lora, or adapt attention only")
     return None
+
+
+QUANTIZED_EXPERTS = tuple(f.name for f in FAMILIES.values() if f.experts)  # whose experts models.experts4bit takes

@@ -166,9 +166,12 @@ class SafetensorsRows:
             return None if found is None else self._where[found].get_slice(found)[start:stop]
         for parent in parents:
             for names in EXPERT_LAYOUTS.get(weight, ()):
-                keys = [[self._find(f"{parent}.experts.{e}.{n}.weight") for n in names] for e in range(start, stop)]
-                if keys and all(k is not None for ks in keys for k in ks):
-                    return torch.stack([torch.cat([self._where[k].get_tensor(k) for k in ks]) for ks in keys])
+                # a rank with no experts (more ranks than experts) reads expert 0's shape, and no rows of it
+                experts = range(start, stop) if stop > start else range(0, 1)
+                keys = [[self._find(f"{parent}.experts.{e}.{n}.weight") for n in names] for e in experts]
+                if all(k is not None for ks in keys for k in ks):
+                    rows = torch.stack([torch.cat([self._where[k].get_tensor(k) for k in ks]) for ks in keys])
+                    return rows if stop > start else rows[:0]
         return None
 
 

@@ -254,7 +254,7 @@ def lora_targets(c: Counts, targets: list[str], quantized: bool = False) -> tupl
     chosen: list[tuple[Linear, int]] = []
     for lin in c.linears:
         if lin.kind == "experts":
-            if modules == "all-linear" and not quantized and not params:
+            if modules == "all-linear" and not quantized:  # peft's all-linear adapts them (whatever else is named)
                 chosen.append((lin, 2 if lin.name.endswith("gate_up_proj") else 1))
             elif any(lin.name == p or lin.name.endswith("." + p.split(".")[-1]) and p.startswith("experts")
                      for p in params):
@@ -274,7 +274,7 @@ def workload(cfg: RunConfig, world: int, evaluates: bool = False) -> Workload:
                         f"{spec.shape.get('model_type', 'this one')}")
     strategy = STRATEGIES[cfg.strategy]
     strategy.check(cfg, world, packages=False)
-    if why := family_refusal(spec.shape, cfg.method, cfg.strategy):
+    if why := family_refusal(spec.shape, cfg.method, cfg.strategy, bool(split_targets(cfg.lora_targets)[1])):
         raise UserError(f"invalid {why[0]}={why[1]}: {why[2]}")
     cfg = cfg.resolved("cuda", c.per_block, compiles_whole_model(cfg))
     targets, factors = ((), ()) if cfg.method == "full" else lora_targets(c, cfg.lora_targets, cfg.method == "qlora")
