@@ -54,36 +54,40 @@ def _fusable(p: torch.Tensor) -> bool:
 
 
 def _state(p: torch.Tensor) -> tuple:
-    """The packed bytes and their quantization state, as tensors (what a traced autograd function takes)."""
+    """The packed bytes and their quantization state as models.nf4's dequantization takes them, but for the dtype:
+    (packed, absmax, code, blocksize, shape, absmax_code, absmax_scale, offset)."""
     qs = p.quant_state
     nested = (qs.state2.code, qs.state2.absmax, qs.offset) if qs.nested else (None, None, None)
-    return (p.data, qs.absmax, qs.code, *nested, qs.blocksize, tuple(qs.shape))
+    return (p.data, qs.absmax, qs.code, qs.blocksize, tuple(qs.shape), *nested)
+
+
+def _dequantized(state: tuple, dtype: torch.dtype, again: bool = False) -> torch.Tensor:
+    """The (E, out, in) weight of `_state` in `dtype`."""
+    return nf4._dequantize(*state[:5], dtype, *state[5:], again=again)
 
 
 class _Grouped4bit(torch.autograd.Function):
     """x (S, in) by each group's dequantized expert weight; only the packed weight is kept for backward."""
 
     @staticmethod
-    def forward(ctx, x, offsets, packed, absmax, code, absmax_code, absmax_scale, offset, blocksize: int, shape):
+    def forward(ctx, x, offsets, packed, absmax, code, blocksize: int, shape, absmax_code, absmax_scale, offset):
         ctx.save_for_backward(offsets, packed, absmax, code, absmax_code, absmax_scale, offset)
         ctx.meta = (blocksize, shape)
-        w = nf4._dequantize(packed, absmax, code, blocksize, shape, x.dtype, absmax_code, absmax_scale, offset)
-        return _grouped(x, w, offsets)
+        return _grouped(x, _dequantized((packed, absmax, code, blocksize, shape, absmax_code, absmax_scale, offset),
+                                        x.dtype), offsets)
 
     @staticmethod
     def backward(ctx, grad):
         offsets, packed, absmax, code, absmax_code, absmax_scale, offset = ctx.saved_tensors
         blocksize, shape = ctx.meta
-        w = nf4._dequantize(packed, absmax, code, blocksize, shape, grad.dtype, absmax_code, absmax_scale, offset,
-                            again=True)  # (E, out, in): grad (S, out) -> (S, in)
+        w = _dequantized((packed, absmax, code, blocksize, shape, absmax_code, absmax_scale, offset), grad.dtype,
+                         again=True)  # (E, out, in): grad (S, out) -> (S, in)
         return (_grouped(grad, w.transpose(-2, -1), offsets),) + (None,) * 9
 
 
 def _project(x: torch.Tensor, offsets: torch.Tensor, p: torch.Tensor, recomputed: bool = False) -> torch.Tensor:
     if _fusable(p) and recomputed:  # plain ops: the traced checkpoint dequantizes again in backward
-        packed, absmax, code, absmax_code, absmax_scale, offset, blocksize, shape = _state(p)
-        return _grouped(x, nf4._dequantize(packed, absmax, code, blocksize, shape, x.dtype, absmax_code, absmax_scale,
-                                           offset), offsets)
+        return _grouped(x, _dequantized(_state(p), x.dtype), offsets)
     if _fusable(p):
         return _Grouped4bit.apply(x, offsets, *_state(p))
     import bitsandbytes.functional as bf  # other packings: bitsandbytes' dequantization, kept by autograd

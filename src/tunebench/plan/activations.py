@@ -196,7 +196,7 @@ def _math_attention_extra(w: Workload) -> float:
 
 
 # LoRA on an MoE's experts through peft's ParamWrapper: each adapted expert weight rebuilt as W + B A and kept for
-# backward, per expert weight in a 16-bit base (measured on the CPU: 2.38 and 2.50 bytes for Mixtral- and
+# backward, per expert weight in a 16-bit base (measured with autograd's saved tensors on Mixtral- and
 # Qwen3-MoE-shaped blocks)
 EXPERT_DELTA_KEPT_BYTES = 2.45
 

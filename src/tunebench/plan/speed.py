@@ -142,12 +142,12 @@ COPIES_EXPOSED = 0.4
 HIDDEN_BEHIND_COMPUTE = {"ddp": 0.8, "fsdp": 0.7, "zero2": 0.7, "zero3": 0.5}
 # A mixture of experts' GEMMs are grouped (torch's grouped GEMM, one kernel over every token-expert pair) at the
 # efficiency of a matmul of that many rows, times this for grouping and routing (the sort, the gather, the weighted
-# sum back; fitted on an H100: Qwen3-30B-A3B LoRA s512 b8, within 1%, and its QLoRA +9%)
+# sum back; fitted on Qwen3-30B-A3B's H100 runs, benchmarks/RESULTS.md)
 MOE_GROUPED_EFFICIENCY = 0.6
 # LoRA on an MoE's experts (peft's ParamWrapper) rebuilds every expert's weight as W + scale * B A at every pass, and
 # its backward makes each expert weight's whole gradient to reach the adapters: per expert weight and pass, as bytes
-# at the memory's bandwidth (fitted on one H100 run, Qwen3-30B-A3B all-linear; W, W' and their gradient in 16 bits
-# would be 6-8: peft's einsums move several times that)
+# at the memory's bandwidth (fitted on one run, benchmarks/RESULTS.md; peft's einsums move several times the bytes of
+# W, W' and their gradient)
 EXPERT_DELTA_BYTES = 38
 
 
