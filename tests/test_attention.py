@@ -7,7 +7,7 @@ from torch import nn
 
 from tunebench.models import attention
 
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md")
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/results/full-finetune.md")
 
 
 class _Grouped(nn.Module):

@@ -9,7 +9,7 @@ from tunebench.engine.step import attention_kernels
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 ON_HOPPER = pytest.mark.skipif(not HOPPER, reason="cuDNN's SDPA measured on Hopper GPUs: run on one, see "
-                                                  "benchmarks/RESULTS.md")
+                                                  "benchmarks/results/qlora-lora.md")
 
 
 def test_default_leaves_stored_configs_alone_and_the_cpu_untouched():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tunebench import RunConfig, run
+from tunebench import RunConfig, choices, run
 from tunebench.flags import config_from, parse_run
 from tunebench.format import label
 from tunebench.gpus import match
@@ -24,16 +24,17 @@ from tunebench.strategies import STRATEGIES
 ])
 def test_scope_chosen_per_strategy(strategy, method, scope, expected):
     cfg = RunConfig(strategy=strategy, method=method, compile=True, compile_scope=scope)
-    assert STRATEGIES[strategy].compile_scope(cfg) == expected
-    assert STRATEGIES[strategy].compile_scope(cfg.model_copy(update={"compile": False})) is None
+    assert choices.compile_scope(cfg, STRATEGIES[strategy]) == expected
+    assert choices.resolve(cfg, STRATEGIES[strategy], "cuda").compile_scope == expected  # what the run reads
+    assert choices.compile_scope(cfg.model_copy(update={"compile": False}), STRATEGIES[strategy]) is None
 
 
 @pytest.mark.parametrize("update", [{"grad_ckpt": True}, {"float8": "tensorwise"}, {"offload": "activations"},
                                     {"method": "qlora"}])
 def test_auto_scope_stays_per_block_where_the_whole_graph_was_not_measured_better(update):
     cfg = RunConfig(method="full", compile=True).model_copy(update=update)
-    assert STRATEGIES["single"].compile_scope(cfg) == "blocks"
-    assert STRATEGIES["single"].compile_scope(cfg.model_copy(update={"compile_scope": "model"})) == "model"
+    assert choices.compile_scope(cfg, STRATEGIES["single"]) == "blocks"
+    assert choices.compile_scope(cfg.model_copy(update={"compile_scope": "model"}), STRATEGIES["single"]) == "model"
 
 
 def test_whole_model_scope_refused_under_wrappers(tb):
@@ -48,7 +49,7 @@ def test_scope_keeps_config_hashes():
     assert RunConfig(compile=True).config_hash() == RunConfig(compile=True, compile_scope="auto").config_hash()
 
 
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md")
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/results/full-finetune.md")
 
 
 @pytest.mark.parametrize("model,device", [("tiny-llama", "cpu"), pytest.param("tiny-llama", "cuda", marks=GPU),
@@ -88,14 +89,13 @@ def test_whole_model_compile_trains_as_eager(model, device):
     ({"method": "lora", "compile_scope": "model"}, "cuda", False),
 ])
 def test_cuda_graphs_auto_only_where_they_were_measured(update, device, expected):
-    from tunebench.strategies import compiles_whole_model
-
     cfg = RunConfig(model="tinygpt-124m", method="full").model_copy(update=update)
-    assert cfg.resolved(device, None, compiles_whole_model(cfg)).cuda_graphs is expected
+    strategy = STRATEGIES[cfg.strategy]
+    assert choices.resolve(cfg, strategy, device).cuda_graphs is expected
     if device == "cuda":  # the planner makes the same choice
         assert predict(cfg, match("H100"), 2 if cfg.strategy == "ddp" else 1).cfg.cuda_graphs is expected
     if expected:  # as asked, either way
-        assert cfg.model_copy(update={"cuda_graphs": False}).resolved(device, None, True).cuda_graphs is False
+        assert choices.resolve(cfg.model_copy(update={"cuda_graphs": False}), strategy, device).cuda_graphs is False
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -205,10 +205,10 @@ def test_cuda_graphs_memory_counts_the_graphs_pools():
     ("single", "cpu", False), ("ddp", "cpu", False),
 ])
 def test_compile_auto_is_on_for_gpu_training(strategy, device, expected):
-    cfg = RunConfig(strategy=strategy)
-    assert cfg.compile == "auto" and cfg.resolved(device).compile is expected
-    assert RunConfig(strategy=strategy, compile=False).resolved(device).compile is False
-    assert RunConfig(strategy=strategy, compile=True).resolved(device).compile is True
+    cfg, st = RunConfig(strategy=strategy), STRATEGIES[strategy]
+    assert cfg.compile == "auto" and choices.resolve(cfg, st, device).compile is expected
+    assert choices.resolve(RunConfig(strategy=strategy, compile=False), st, device).compile is False
+    assert choices.resolve(RunConfig(strategy=strategy, compile=True), st, device).compile is True
 
 
 @pytest.mark.parametrize("strategy,ckpt,batch,seq,expected", [
@@ -221,14 +221,12 @@ def test_compile_auto_leaves_small_micro_batches_eager_per_block(strategy, ckpt,
     the host once a micro-batch and ran faster than eager at every size measured: auto compiles it."""
     from tunebench.models import resolve_model
     from tunebench.models.count import counts
-    from tunebench.strategies import compiles_whole_model
-
     per_block = counts(resolve_model("tinygpt-124m")).per_block
     cfg = RunConfig(model="tinygpt-124m", strategy=strategy, batch_size=batch, seq_len=seq, grad_ckpt=ckpt)
-    whole = compiles_whole_model(cfg)  # what run_preflight and the planner pass
-    assert whole is (strategy in ("single", "ddp") and not ckpt)
-    assert cfg.resolved("cuda", per_block, whole).compile is expected
-    assert cfg.model_copy(update={"compile": True}).resolved("cuda", per_block).compile is True  # as asked
+    st = STRATEGIES[strategy]
+    assert (choices.scope_if_compiled(cfg, st) == "model") is (strategy in ("single", "ddp") and not ckpt)
+    assert choices.resolve(cfg, st, "cuda", per_block).compile is expected  # what run_preflight makes
+    assert choices.resolve(cfg.model_copy(update={"compile": True}), st, "cuda", per_block).compile is True
     assert predict(cfg, match("H200"), 2 if strategy != "single" else 1).cfg.compile is expected  # as will run
 
 

@@ -136,10 +136,12 @@ from tunebench.config import RunConfig
 from tunebench.models.build import build_model, build_partitioned
 from tunebench.models.spec import resolve_model
 from tunebench.strategies import STRATEGIES
+from tunebench.choices import resolve
 
 dist.init_process_group("gloo")
 cpu, spec = torch.device("cpu"), resolve_model(sys.argv[1])
-cfg = RunConfig(model=sys.argv[1], strategy="zero3", precision="fp32", device="cpu", seed=3).resolved("cpu")
+cfg = resolve(RunConfig(model=sys.argv[1], strategy="zero3", precision="fp32", device="cpu", seed=3),
+              STRATEGIES["zero3"], "cpu")
 meta = build_partitioned(spec, cfg, cpu, STRATEGIES["zero3"].partitioning(cfg, 2))
 params = dict(meta.model.named_parameters())
 for name, p in params.items():  # never whole: each rank holds its half of every parameter, padded

@@ -269,7 +269,7 @@ def test_fused_loss_soft_caps_as_the_model_head_does(softcap, masked):
 def test_soft_capped_attention_runs_where_it_is_exact():
     """SDPA cannot soft-cap attention logits: Gemma 2 runs FlexAttention on GPUs (its cap a score modification) and
     the eager attention on the CPU; a model without the cap keeps tunebench's SDPA. The FlexAttention path is checked
-    on a GPU (benchmarks/RESULTS.md)."""
+    on a GPU (benchmarks/results/families.md)."""
     import transformers
 
     from tunebench.models.attention import NAME

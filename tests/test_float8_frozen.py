@@ -12,7 +12,7 @@ from tunebench.runner import Outcome, build_trainable
 BASE = dict(model="tiny-llama", steps=6, warmup=1, seq_len=32, batch_size=2, lr=3e-3, device="cpu",
             telemetry=False)
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                     reason="no GPU: run on one, see benchmarks/RESULTS.md"))
+                                                     reason="no GPU: run on one, see benchmarks/results/qlora-lora.md"))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -163,7 +163,7 @@ def test_the_head_stays_out_even_when_adapted():
     assert len(routed) == len(blocks) and all(m is not getattr(head, "base_layer", head) for m in routed)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/results/qlora-lora.md")
 def test_refused_on_a_gpu_unless_the_products_are_bf16(tb):
     code, _, err = tb("run", "--model", "tiny-llama", "--method", "lora", "--float8", "rowwise", "--precision",
                       "fp16", "--no-store")

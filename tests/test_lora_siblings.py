@@ -12,7 +12,7 @@ from tunebench.engine.recompute import keep_matmuls
 from tunebench.methods.lora_siblings import group_siblings
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: "
-                                                                "run on one, see benchmarks/RESULTS.md"))]
+                                                                "run on one, see benchmarks/results/qlora-lora.md"))]
 CFG = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=96, attention_bias=True, use_cache=False)  # base biases too
 

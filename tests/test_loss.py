@@ -104,7 +104,7 @@ def test_odd_vocabularies_are_padded_for_aligned_matmuls():
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: "
-                                                                "run on one, see benchmarks/RESULTS.md"))]
+                                                                "run on one, see benchmarks/results/full-finetune.md"))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -196,7 +196,7 @@ def test_fused_loss_traced_in_a_graph_equals_eager(monkeypatch, device, vocab, m
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/results/full-finetune.md")
 def test_traced_loss_accumulates_the_head_gradient_in_place(monkeypatch):
     """In a compiled graph the head's gradient goes into one fp32 accumulator group by group, as eagerly: no group's
     16-bit product waits for a sum at the loss's end. Eight groups of small chunks before a large head: summed out of

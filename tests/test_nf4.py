@@ -11,7 +11,7 @@ bnb = pytest.importorskip("bitsandbytes")
 BF = pytest.importorskip("bitsandbytes.functional")
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: "
-                                                                "run on one, see benchmarks/RESULTS.md"))]
+                                                                "run on one, see benchmarks/results/qlora-lora.md"))]
 
 
 def _quantized(shape, quant_type="nf4", nested=True, device="cpu", seed=0):
@@ -50,7 +50,7 @@ def test_blocks_across_rows_dequantize_as_quantized(device):
 
 
 CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available() or not nf4_kernel.available(torch.zeros(1).cuda()),
-                               reason="the Triton kernel needs a GPU: run on one, see benchmarks/RESULTS.md")
+                               reason="the Triton kernel needs a GPU: run on one, see benchmarks/results/qlora-lora.md")
 
 
 @CUDA_ONLY

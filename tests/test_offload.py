@@ -2,7 +2,7 @@
 
 On the CPU the "host copies" are clones (nothing is saved there): these tests check the bookkeeping — what is
 offloaded, what stays, what comes back, in which order — and that training is unchanged. The overlap and the
-memory it frees are measured on a GPU (benchmarks/RESULTS.md, `gpu_proof.sh offload1`)."""
+memory it frees are measured on a GPU (benchmarks/results/qlora-lora.md)."""
 
 import pytest
 import torch
@@ -36,7 +36,7 @@ def _grads(t, ids, saving=None) -> tuple[float, list[torch.Tensor]]:
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: "
-                                                                "run on one, see benchmarks/RESULTS.md"))]
+                                                                "run on one, see benchmarks/results/qlora-lora.md"))]
 
 
 @pytest.mark.parametrize("device", DEVICES)

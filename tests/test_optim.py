@@ -15,7 +15,7 @@ SHAPES = [((16, 512), torch.float32), ((512, 16), torch.float32), ((16, 256), to
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: "
-                                                                "run on one, see benchmarks/RESULTS.md"))]
+                                                                "run on one, see benchmarks/results/qlora-lora.md"))]
 
 
 def _params(seed: int = 0, device: str = "cpu") -> list[torch.nn.Parameter]:

@@ -12,7 +12,7 @@ from tunebench.data.prepare import fullest_row
 from tunebench.engine.data import documents_of
 from tunebench.models import attention
 
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md")
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/results/training-jobs.md")
 PACKED = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 0, 1, 2]])  # examples of 3, 4, 1 | 5, 3
 
 

@@ -4,6 +4,7 @@ parameters and saved activations on the CPU, and the command's output and errors
 import importlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,12 @@ from tunebench.config import RunConfig
 from tunebench.gpus import match
 from tunebench.plan import predict, workload
 from tunebench.plan.activations import activations
+from tunebench.plan.calibration import CAL
 from tunebench.plan.memory import memory
 from tunebench.record import ResultRecord
 
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+# the GPU records the planner is held to (tunebench run/train/hw records; their figures: benchmarks/results/)
+DATA = Path(__file__).resolve().parent / "data" / "planner"
 MEMORY_GOAL, SPEED_GOAL = 0.05, 0.15
 # The largest error allowed a throughput prediction; looser where the planner says the host bounds the step: the
 # host's speed moves from lease to lease (GPT-2 small s512 b16 compiled whole on H100s: 265,172-354,183 tokens/s)
@@ -38,7 +41,7 @@ WHOLE_GRAPH_MENDED = "2026-11-23T11:08"
 # one graph kept no fp32 head gradient from the forward before then: it summed every group's product at once
 HEAD_GRAD_IN_PLACE_SINCE = "2026-11-24T03:00"
 # one graph traced the loss's in-place softmax before then, which held one fp32 chunk of logits per chunk, up to
-# WHOLE_GRAPH_FP32_CHUNKS, beside the chunk's 16-bit logits (memory_probe.py --peak-live, H100)
+# WHOLE_GRAPH_FP32_CHUNKS, beside the chunk's 16-bit logits (benchmarks/probes/memory_probe.py --peak-live, H100)
 LOSS_PURE_IN_GRAPH_SINCE = "2026-11-24T04:00"
 # runs replaying CUDA graphs reported the allocator's allocated peak before then, which leaves out the graphs' pools
 GRAPH_POOLS_COUNTED_SINCE = "2026-11-24T06:30"
@@ -75,8 +78,9 @@ def _records(kind: str) -> list[ResultRecord]:
     return recs
 
 
-def test_predictions_against_every_gpu_record(capsys, monkeypatch):
-    """The validation table: predicted vs measured peak memory and tokens/s per GPU, every GPU run we made."""
+def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
+    """The validation table: predicted vs measured peak memory and tokens/s per GPU, every GPU run we made
+    (printed under `pytest -v`)."""
     newest_first = sorted(_records("hw"), key=lambda r: r.created_at, reverse=True)  # as api.plan.measured_hw
     hw = [(match(r.environment["gpu"]["name"]), r.id[:12], r.metrics.model_dump()) for r in newest_first]
     runs = [r for r in _records("train") if r.status == "ok" and r.environment.get("device") == "cuda"]
@@ -88,7 +92,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
         with monkeypatch.context() as then:  # each record against the engine it ran: the loss as it was then
             if r.created_at < LOSS_COMPILED_SINCE:
                 then.setattr(plan_memory, "loss_bytes_per_logit", lambda w: 12)
-                then.setattr(plan_speed, "LOSS_BYTES_PER_LOGIT", 30)  # the eager softmax's passes
+                then.setattr(plan_speed, "CAL", replace(CAL, loss_bytes_per_logit=30))  # the eager softmax's passes
             elif r.created_at < LOSS_PURE_IN_GRAPH_SINCE:
                 then.setattr(plan_memory, "loss_bytes_per_logit", _loss_bytes_before_pure)
             if r.created_at < HEAD_GRAD_IN_PLACE_SINCE:
@@ -158,13 +162,13 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch):
                      f"{'  (evaluated beside CUDA graphs before evaluation was made lean)' if lean else ''}")
     within_mem = sum(e <= MEMORY_GOAL for e in mem_err)
     within_tps = sum(e <= SPEED_GOAL for e in tps_err)
-    with capsys.disabled():
-        print(f"\nplanner vs {len(runs)} GPU runs in benchmarks/data: peak memory within 5% on {within_mem} of {len(mem_err)}, "
-              f"tokens/s within 15% on {within_tps} of {len(tps_err)} ({cold} short tune trials and {apart} whole-model "
-              "compiled, eager-padded-loss GPT-2, earlier QLoRA-keeping-matmuls and fp32 math-kernel runs shown apart; "
-              "float8 and ZeRO-3 QLoRA "
-              "memory too)")
-        print("\n".join(lines))
+    if request.config.getoption("verbose") > 0:  # the table under `pytest -v`; quiet under -q
+        with capsys.disabled():
+            print(f"\nplanner vs {len(runs)} GPU runs in tests/data/planner: peak memory within 5% on {within_mem} of "
+                  f"{len(mem_err)}, tokens/s within 15% on {within_tps} of {len(tps_err)} ({cold} short tune trials and "
+                  f"{apart} whole-model compiled, eager-padded-loss GPT-2, earlier QLoRA-keeping-matmuls and fp32 "
+                  "math-kernel runs shown apart; float8 and ZeRO-3 QLoRA memory too)")
+            print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
     assert within_mem >= 0.9 * len(mem_err)
     assert max(tps_over) <= 1, "a throughput prediction is off by more than 25% (30% where the host bounds it)"
@@ -468,8 +472,12 @@ def test_a_job_matches_only_benchmarks_of_its_compile_scope():
     scope is what it ran (its record says), a job's what its strategy makes of 'auto'."""
     from types import SimpleNamespace
 
-    from tunebench.api.plan import scope_made
+    from tunebench.choices import resolve
     from tunebench.config.base import workload_key
+    from tunebench.strategies import STRATEGIES
+
+    def scope_made(cfg: RunConfig) -> RunConfig:  # the job as preflight resolves it on a GPU
+        return resolve(cfg, STRATEGIES[cfg.strategy], "cuda")
 
     job = RunConfig(model="tinygpt-124m", method="full", compile=True, seq_len=2048, batch_size=8)
     assert scope_made(job).compile_scope == "model"
@@ -493,7 +501,10 @@ def test_a_job_matches_only_benchmarks_of_its_compile_scope():
 def test_a_slower_host_slows_a_host_bound_step_only():
     """hw.host's dispatch time scales the host's constants (measured on the H200 machine whose figure is the
     reference): the median of the store's figures for the GPU, since one host's varies ~10% from run to run."""
-    from tunebench.plan.hardware import REFERENCE_HOST_DISPATCH_US, hardware
+    from tunebench.plan.calibration import CAL
+    from tunebench.plan.hardware import hardware
+
+    REFERENCE_HOST_DISPATCH_US = CAL.reference_host_dispatch_us
 
     gpu = match("H200")
     slow = [(f"r{i}", {"host_dispatch_us": us * REFERENCE_HOST_DISPATCH_US}) for i, us in enumerate((2.2, 1.9, 2.0))]
@@ -507,7 +518,7 @@ def test_a_slower_host_slows_a_host_bound_step_only():
 
 
 def test_the_whole_graph_holds_the_loss_as_per_block():
-    """One graph (memory_probe.py --peak-live on an H100): the loss's chunks as per block (the softmax's pure form
+    """One graph (benchmarks/probes/memory_probe.py --peak-live, H100): the loss's chunks as per block (the softmax's pure form
     traced) but each chunk's gradient written straight into its group's, the tied weight cast twice (+74 MiB), the
     head's fp32 gradient kept from the forward as per block (accumulated in place) once a second group of chunks
     follows the first, a bf16 copy of each block's fp32 residual (+269 MiB at 16,384 tokens)."""
@@ -532,8 +543,10 @@ def test_cuda_graphs_leave_the_host_its_bookkeeping_only():
     """Replayed as CUDA graphs (cuda_graphs auto, one GPU), the whole graph's host time per block drops from the
     launches' to the replays' bookkeeping: a host-bound step speeds up, a GPU-bound one hardly; the pool costs
     some memory."""
-    from tunebench.plan.memory import CUDA_GRAPH_POOL_SLACK
-    from tunebench.plan.speed import CUDA_GRAPH_HOST_PER_BLOCK, WHOLE_GRAPH_HOST_PER_BLOCK
+    from tunebench.plan.calibration import CAL
+
+    CUDA_GRAPH_POOL_SLACK = CAL.cuda_graph_pool_slack
+    CUDA_GRAPH_HOST_PER_BLOCK, WHOLE_GRAPH_HOST_PER_BLOCK = CAL.cuda_graph_host_per_block_s, CAL.whole_graph_host_per_block_s
 
     gpu = match("H100")
     for shape, faster in (({"seq_len": 1024, "batch_size": 1, "grad_accum": 4}, 1.5), ({"seq_len": 2048,
@@ -551,7 +564,7 @@ def test_cuda_graphs_leave_the_host_its_bookkeeping_only():
 
 def test_cuda_graphs_pool_holds_the_backward_beside_the_saved_activations():
     """Replayed as CUDA graphs, runs count the pool's segments in full, and the backward's recording reuses little
-    of what the forward's saved activations held (benchmarks/peak_parts.py, Llama-3.2-1B bf16 s1024 b4: 25.82 GiB
+    of what the forward's saved activations held (benchmarks/probes/peak_parts.py, Llama-3.2-1B bf16 s1024 b4: 25.82 GiB
     on an H100 and an H200, its pool 12.0 GiB of segments with 9.0 alive at most): each phase is what lives outside
     the pool, and the pool; the eager step's gradients take the activations' place instead."""
     gpu = match("H100")
@@ -570,7 +583,7 @@ def test_cuda_graphs_pool_holds_the_backward_beside_the_saved_activations():
 
 def test_a_train_job_that_evaluates_has_an_evaluation_phase(tb, tmp_path):
     """A train job's evaluation runs eagerly between steps beside the CUDA graphs' pool and the kept gradients:
-    its own phase, the job's peak (benchmarks/peak_parts.py on an H100: +0.70 GiB for Llama-3.2-1B s1024 b4, +0.24
+    its own phase, the job's peak (benchmarks/probes/peak_parts.py on an H100: +0.70 GiB for Llama-3.2-1B s1024 b4, +0.24
     for GPT-2 small, above the step's states and pool), with evaluation's chunks the engine's."""
     from tunebench.engine.loss import EVAL_CHUNK_FRACTION
 
@@ -600,8 +613,13 @@ def test_a_train_job_that_evaluates_has_an_evaluation_phase(tb, tmp_path):
 
 def test_ddp_cuts_the_whole_graph_into_calls_of_their_own():
     """Under DDP dynamo cuts the whole graph where buckets end (measured at one rank as at two: not communication):
-    its host time per block grows by DDP_WHOLE_GRAPH_HOST_PER_BLOCK; per block compiled, DDP costs no host time."""
-    from tunebench.plan.speed import DDP_WHOLE_GRAPH_HOST_PER_BLOCK, WHOLE_GRAPH_HOST_PER_BLOCK
+    its host time per block grows by its row's whole_graph_host_per_block_s; per block compiled, DDP costs no host
+    time."""
+    from tunebench.plan.calibration import CAL
+    from tunebench.strategies import STRATEGIES
+
+    DDP_WHOLE_GRAPH_HOST_PER_BLOCK = STRATEGIES["ddp"].planner.whole_graph_host_per_block_s
+    WHOLE_GRAPH_HOST_PER_BLOCK = CAL.whole_graph_host_per_block_s
 
     gpu = match("H200")
     whole = RunConfig(model="tinygpt-124m", seq_len=512, batch_size=4, compile=True, cuda_graphs=False)

@@ -173,7 +173,7 @@ def test_whole_block_checkpoint_traced_in_compiled_blocks():
     from tunebench.engine.recompute import recomputes_traced
 
     for fields in (dict(method="lora"), dict(method="full", precision="bf16", float8="tensorwise")):
-        # float8 too: torchao's matmuls keep nothing the checkpoint drops (on an H200, benchmarks/RESULTS.md)
+        # float8 too: torchao's matmuls keep nothing the checkpoint drops (on an H200, benchmarks/results/full-finetune.md)
         plan = preflight(RunConfig(**BASE | fields, grad_ckpt=True, compile=True))
         blocks = transformer_blocks(build_trainable(plan, Outcome(), SINGLE).model, plan.spec.num_layers)
         assert all(recomputes_traced(b) and not b.gradient_checkpointing for b in blocks)
@@ -188,7 +188,7 @@ def test_whole_block_checkpoint_traced_in_compiled_blocks():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md"))])
+    not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/results/qlora-lora.md"))])
 def test_traced_blocks_keep_only_their_input(device):
     """QLoRA in compiled blocks recomputed whole: the forward keeps of each block only what Hugging Face's
     checkpoint keeps, its input. (On an H200, 4-bit layers inside an autograd function made the partitioner keep

@@ -10,7 +10,7 @@ from tunebench.engine.step import kernel_settings, matmul_precision
 from tunebench.gpus import gpu_named
 from tunebench.plan import predict
 
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/RESULTS.md")
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/results/full-finetune.md")
 
 
 def test_tf32_set_for_the_loop_and_restored():

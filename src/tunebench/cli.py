@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--gpus", help="with --compare: world sizes (default 1,2,4,8)")
     pl.add_argument("--strategies", help="with --compare: strategies (default all)")
     pl.add_argument("--no-store", action="store_true", help="use the spec sheet, not the store's hw measurements")
+    pl.add_argument("--calibration", action="store_true", help="print the planner's fitted constants (value, unit, "
+                                                              "what each was fitted on) and exit")
     _store_arg(pl)
 
     tu = sub.add_parser("tune", help="find the best configuration with few short runs: the planner ranks, real "

@@ -4,16 +4,36 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import types
 from typing import Any, Literal, NoReturn, Union, get_args, get_origin
 
 from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 from tunebench.config import RunConfig, load_config
+from tunebench.config.topics import topics_of
 from tunebench.errors import UserError
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Help that reads as a reference card: options and their help side by side, up to 110 columns wide."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        width = min(shutil.get_terminal_size().columns, 110) - 2
+        super().__init__(prog, max_help_position=30, width=width)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, argparse.BooleanOptionalAction):  # --[no-]grad-ckpt: one switch, one line
+            return "--[no-]" + action.option_strings[0][2:]
+        return super()._format_action_invocation(action)
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:  # one line and exit 2, no usage dump
         raise UserError(message)
 
@@ -42,22 +62,53 @@ def _is_list(annotation: object) -> bool:
     return get_origin(annotation) is list
 
 
+def _choices(annotation: object) -> str | None:
+    """{a,b,c} for a field that takes one of a few words."""
+    words = [w for a in (get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,))
+             if get_origin(a) is Literal for w in get_args(a)]
+    return "{" + ",".join(str(w) for w in words) + "}" if words else None
+
+
+def _metavar(annotation: object) -> str:
+    kinds = set(get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,))
+    return "N" if int in kinds else "X" if float in kinds else "TEXT"
+
+
+def _default(field: Any) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        return f" (default {','.join(map(str, value))})" if value else ""
+    return "" if field.default is None or field.default is PydanticUndefined else f" (default {field.default})"
+
+
 def add_config_flags(p: argparse.ArgumentParser, cls: type[BaseModel] = RunConfig) -> None:
-    """One flag per config field, same name with dashes; None means 'not given' so YAML keeps its value."""
-    for name, field in cls.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        help_ = (field.description or "").replace("%", "%%")  # argparse %-formats help ("8-18% faster")
-        if _is_bool(field.annotation):
-            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
-        elif _is_switch_or_word(field.annotation):
-            words = "|".join(w for a in get_args(field.annotation) if get_origin(a) is Literal for w in get_args(a))
-            p.add_argument(flag, dest=name, nargs="?", const=True, type=_switch_or_word, default=None,
-                           metavar=words, help=f"{help_} (default {field.default})")
-            p.add_argument("--no-" + flag[2:], dest=name, action="store_const", const=False, help=argparse.SUPPRESS)
-        elif _is_list(field.annotation):
-            p.add_argument(flag, dest=name, action="append", default=None, help=help_ + " (repeatable)")
-        else:
-            p.add_argument(flag, dest=name, default=None, help=f"{help_} (default {field.default})".strip())
+    """One flag per config field, same name with dashes, grouped by topic (config.topics); None means 'not given'
+    so YAML keeps its value."""
+    for topic, names in topics_of(cls).items():
+        group = p.add_argument_group(topic)
+        for name in names:
+            _add_flag(group, name, cls.model_fields[name])
+
+
+def _add_flag(p: Any, name: str, field: Any) -> None:
+    flag = "--" + name.replace("_", "-")
+    help_ = (field.description or "").replace("%", "%%")  # argparse %-formats help
+    if help_.startswith("testing the harness only"):
+        help_ = argparse.SUPPRESS
+    if _is_bool(field.annotation):
+        on = {True: " (default on)", False: " (default off)"}.get(field.default, "")
+        p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_ + on)
+    elif _is_switch_or_word(field.annotation):
+        words = "|".join(w for a in get_args(field.annotation) if get_origin(a) is Literal for w in get_args(a))
+        p.add_argument(flag, dest=name, nargs="?", const=True, type=_switch_or_word, default=None,
+                       metavar=words, help=f"{help_} (default {field.default})")
+        p.add_argument("--no-" + flag[2:], dest=name, action="store_const", const=False, help=argparse.SUPPRESS)
+    elif _is_list(field.annotation):
+        p.add_argument(flag, dest=name, action="append", default=None, help=help_ + " (repeatable)")
+    else:
+        shown = help_ if help_ == argparse.SUPPRESS else (help_ + _default(field)).strip()
+        p.add_argument(flag, dest=name, default=None, metavar=_choices(field.annotation) or _metavar(field.annotation),
+                       help=shown)
 
 
 def add_store(p: argparse.ArgumentParser) -> None:
@@ -67,6 +118,7 @@ def add_store(p: argparse.ArgumentParser) -> None:
 
 def add_run_options(run: argparse.ArgumentParser) -> None:
     """`tunebench run`'s arguments: a YAML config, every RunConfig key as a flag, and what to do with the record."""
+    run.usage = "%(prog)s [CONFIG.yaml] [--KEY VALUE ...] [--gpus N,N,...] [--json] [--no-store] [--store PATH]"
     run.add_argument("config", nargs="?", help="YAML run config; flags override its keys")
     add_config_flags(run)
     run.add_argument("--gpus", help="scaling: run the same per-GPU config at each of these world sizes "
@@ -82,6 +134,7 @@ def add_train_options(tr: argparse.ArgumentParser) -> None:
     """`tunebench train`'s arguments: a YAML config, every TrainConfig key as a flag, and the record's output."""
     from tunebench.config import TrainConfig
 
+    tr.usage = "%(prog)s [CONFIG.yaml] --data PATH [--KEY VALUE ...] [--json] [--no-store] [--store PATH]"
     tr.add_argument("config", nargs="?", help="YAML train config; flags override its keys")
     add_config_flags(tr, TrainConfig)
     tr.add_argument("--json", action="store_true", help="print the record as JSON on stdout")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from tunebench.choices import resolve
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
 from tunebench.config.targets import split_targets
 from tunebench.errors import UserError, invalid, require
@@ -20,7 +21,7 @@ from tunebench.models.float8 import refusal as float8_refusal
 from tunebench.models.float8_frozen import takes as float8_takes
 from tunebench.models.spec import resolve_model
 from tunebench.preflight import Plan, nproc_per_node, resolve_device
-from tunebench.strategies import check_strategy, compiles_whole_model
+from tunebench.strategies import STRATEGIES, check_strategy
 from tunebench.units import GIB
 
 BIG_ON_CPU = 500_000_000  # parameters: above this a CPU run is announced and its build shows progress
@@ -31,7 +32,7 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     spec = resolve_model(cfg.model)
     requested, device = cfg, resolve_device(cfg.device, local_rank)
     n = counts(spec)
-    cfg = cfg.resolved(device.type, n.per_block if n else None, compiles_whole_model(cfg))
+    cfg = resolve(cfg, STRATEGIES[cfg.strategy], device.type, n.per_block if n else None)
     if spec.max_positions and cfg.seq_len > spec.max_positions:
         raise invalid("seq_len", cfg.seq_len, f"above the model's maximum of {spec.max_positions} positions")
     if device.type == "cpu" and cfg.precision == "fp16":
@@ -84,7 +85,7 @@ def _check_float8(cfg: RunConfig, device: torch.device) -> None:
             raise invalid("float8", cfg.float8, why)
         from tunebench.models.build import compute_dtype  # transformers: imported only where it is needed
 
-        if cfg.frozen_float8 and compute_dtype(cfg.resolved(device.type)) != torch.bfloat16:
+        if cfg.frozen_float8 and compute_dtype(cfg) != torch.bfloat16:
             raise invalid("float8", cfg.float8, "a frozen base's float8 products are written in bf16 (rowwise "
                                                 "scaling): use precision bf16 and quant_compute_dtype auto or bf16")
     if not cfg.frozen_float8:  # a frozen base's float8 is ours (models.float8_frozen)

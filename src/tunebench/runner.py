@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from tunebench.choices import compile_scope, traces_whole_checkpoint
 from tunebench.config import RunConfig
 from tunebench.console import say
 from tunebench.console.progress import ProgressFn
@@ -113,14 +114,14 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
         # DeepSpeed casts every parameter to its dtype: a 4-bit base packed into that dtype comes through intact
         model, out.weights = build_model(spec, cfg, device, progress=_build_progress(spec.name) if big else None,
                                          float_storage=strategy.deepspeed)
-    scope = out.compile_scope = strategy.compile_scope(cfg)
+    scope = out.compile_scope = compile_scope(cfg, strategy)
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         ckpt_blocks = transformer_blocks(model, spec.num_layers)
         checkpoint_every(ckpt_blocks, cfg.ckpt_every)
         if cfg.ckpt_keep == "matmuls":
             keep_matmuls(ckpt_blocks, cfg.ckpt_keep_every)
-        if strategy.traces_whole_checkpoint(cfg):
+        if traces_whole_checkpoint(cfg, strategy):
             # not around 4-bit layers kept in another dtype (FSDP2, DeepSpeed): bitsandbytes' autograd functions,
             # inside which a traced checkpoint marks nothing for recompute (their matmuls' outputs would be kept)
             recompute_traced([b for b in ckpt_blocks if cfg.method != "qlora" or all_fusable(b)])

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,13 +110,6 @@ def run_config(config: dict) -> RunConfig:
     return RunConfig(**fields)
 
 
-def scope_made(cfg: RunConfig) -> RunConfig:
-    """`cfg` (its compile made concrete) with compile_scope 'auto' made what it runs as, 'blocks' or 'model' (as
-    `what_ran` makes a stored run's): 'auto' has meant both, so a job matches only benchmarks of its own scope."""
-    scope = STRATEGIES[cfg.strategy].compile_scope(cfg)
-    return cfg.model_copy(update={"compile_scope": scope}) if scope and cfg.compile_scope == "auto" else cfg
-
-
 def what_ran(r: ResultRecord) -> dict:
     """A stored run's config with its 'auto' choices as they were made (precision, compile, CUDA graphs)."""
     ran = r.config | {"precision": r.metrics.precision or r.config.get("precision")}
@@ -138,6 +132,11 @@ def prediction_for(rec: ResultRecord, store: str | Path | None = None) -> dict |
         p = predict(run_config(what_ran(rec)), gpu, rec.metrics.world_size, measured_hw(store, gpu),
                     bool(rec.metrics.job and rec.metrics.job.eval_data)).as_dict()
     except (UserError, ValueError):
+        return None
+    except Exception as err:  # the run happened: a planner's fault costs its prediction, never the record
+        why = str(err).splitlines()[0] if str(err) else ""
+        print(f"tunebench: warning: no prediction for result {rec.id[:12]} (the planner failed: "
+              f"{type(err).__name__}: {why})", file=sys.stderr)
         return None
     return {k: p[k] for k in STORED} | {"peak_phase": p["breakdown"]["peak_phase"], "bound": p["breakdown"]["bound"]}
 

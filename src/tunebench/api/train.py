@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tunebench.api.plan import scope_made, what_ran
+from tunebench.api.plan import what_ran
 from tunebench.api.records import finalize
 from tunebench.config import RunConfig, TrainConfig, workload_key
 from tunebench.config.base import identity as hashed_fields
@@ -43,10 +43,10 @@ def total_steps(cfg: TrainConfig, rows: int, world: int) -> int:
 
 def predict(ran: TrainConfig, gpu: str | None, world: int, store: str | Path | None) -> dict | None:
     """tokens/s of the newest ok benchmark of this workload on this GPU and world size, if the store has one
-    (`ran`: the job's config with its 'auto' choices made, as preflight made them)."""
+    (`ran`: the job's config with its 'auto' choices made, as preflight made them: tunebench.choices.resolve)."""
     if not store or not Path(store).is_file():
         return None
-    key = workload_key(RunConfig, scope_made(ran.run_config()).model_dump())
+    key = workload_key(RunConfig, ran.run_config().model_dump())
     with Store(store, create=False) as s:
         recs = [r for r in s.records("train") if r.status == "ok" and r.metrics.tokens_per_s
                 and r.metrics.job is None and r.metrics.world_size == world

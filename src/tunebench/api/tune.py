@@ -21,6 +21,7 @@ from tunebench import gpus
 from tunebench.api.plan import measured_hw
 from tunebench.api.runs import run
 from tunebench.api.sweep import new_sweep_id, sweep_lock
+from tunebench.choices import resolve
 from tunebench.config import RunConfig
 from tunebench.errors import UserError
 from tunebench.files import claim_folder, replace_manifest, write_text
@@ -28,6 +29,7 @@ from tunebench.launch.isolated import Isolated
 from tunebench.plan import Prediction, predict
 from tunebench.record import ResultRecord
 from tunebench.store import Store, check_store
+from tunebench.strategies import STRATEGIES
 from tunebench.tune import Candidate, Objective, Point, Space, Tuner, front
 from tunebench.tune.search import key
 from tunebench.tune.space import describe, float8_levers, world_of
@@ -118,7 +120,7 @@ def _predictor(gpu: gpus.Gpu | None, store: str | Path) -> Callable[[RunConfig],
 
     def predict_one(cfg: RunConfig) -> Prediction | None:
         if gpu is None and cfg.compile == "auto":  # rank what will run: auto compiles nothing on the CPU
-            cfg = cfg.model_copy(update={"compile": cfg.resolved("cpu").compile})
+            cfg = cfg.model_copy(update={"compile": resolve(cfg, STRATEGIES[cfg.strategy], "cpu").compile})
         try:
             return predict(cfg, target, world_of(cfg), measured)
         except (UserError, ValueError):

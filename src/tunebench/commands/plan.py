@@ -21,12 +21,16 @@ def plan_config(args: argparse.Namespace) -> tuple[RunConfig, bool]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    cfg, evaluating = plan_config(args)
     from tunebench.api import plan as api
     from tunebench.commands.run import store_of, world_sizes
     from tunebench.console import print_table
     from tunebench.plan import view
 
+    if args.calibration:
+        for table in view.calibration_tables():
+            print_table(table, args.stdout)
+        return 0
+    cfg, evaluating = plan_config(args)
     store = store_of(args)
     if args.compare:
         strategies = args.strategies.split(",") if args.strategies else None

@@ -17,7 +17,8 @@ class _BenchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    device: Literal["auto", "cuda", "cpu"] = Field("auto", json_schema_extra=MEASUREMENT)
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="auto: a GPU where there is one",
+                                                   json_schema_extra=MEASUREMENT)
     telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) on GPUs",
                             json_schema_extra=LAUNCH)
     tag: list[str] = Field(default_factory=list, description="free-text labels stored with the records",
@@ -77,8 +78,8 @@ class _ModelBenchConfig(_BenchConfig):
                                              description="weights, comma-separated: bf16, fp16, int8 (LLM.int8), "
                                                          "nf4, fp4")
     double_quant: bool = Field(True, description="4-bit: quantize the quantization constants too")
-    attn: Literal["sdpa", "eager", "flash"] = "sdpa"
-    seed: int = Field(0, json_schema_extra=MEASUREMENT)
+    attn: Literal["sdpa", "eager", "flash"] = Field("sdpa", description="attention implementation")
+    seed: int = Field(0, description="seed of the random weights", json_schema_extra=MEASUREMENT)
 
     @field_validator("precisions", mode="before")
     @classmethod

@@ -28,10 +28,12 @@ class TrainConfig(RunConfig):
                                        "or a folder written by datasets' save_to_disk")
     data_format: DataFormat = Field("auto", description="text, pairs (prompt/completion) or chat (messages); auto "
                                                         "looks at the fields")
-    text_field: str = Field("text", min_length=1)
-    prompt_field: str = Field("prompt", min_length=1)
-    completion_field: str = Field("completion", min_length=1)
-    messages_field: str = Field("messages", min_length=1)
+    text_field: str = Field("text", min_length=1, description="the field holding plain text")
+    prompt_field: str = Field("prompt", min_length=1, description="the field holding a pair's prompt")
+    completion_field: str = Field("completion", min_length=1, description="the field holding a pair's "
+                                                                                 "completion")
+    messages_field: str = Field("messages", min_length=1, description="the field holding a chat's messages "
+                                                                             "(role and content)")
     train_on_prompt: bool = Field(False, description="pairs and chat: also train on the prompt / non-assistant tokens")
     strict_data: bool = Field(False, description="refuse the data at its first damaged row (a field missing, null or "
                                                  "not a string) instead of dropping and counting it")
@@ -48,10 +50,11 @@ class TrainConfig(RunConfig):
     tokenizer: str | None = Field(None, description="tokenizer directory (default: the model's own directory)")
     output_dir: str = Field("tunebench-output", description="checkpoints, the final adapter or model, the record",
                             json_schema_extra=LAUNCH)
-    epochs: float = Field(1.0, gt=0, le=10_000)
+    epochs: float = Field(1.0, gt=0, le=10_000, description="passes over the training data (max_steps wins)")
     max_steps: int | None = Field(None, gt=0, le=MAX_STEPS, description="stop after this many optimizer steps "
                                                                         "(wins over epochs)")
-    schedule: Schedule = "cosine"
+    schedule: Schedule = Field("cosine", description="the learning rate after warmup_steps, down to 0 at the end "
+                                                     "(constant: held)")
     warmup_steps: int = Field(0, ge=0, description="learning-rate warmup steps (linear from 0)")
     log_every: int = Field(10, gt=0, description="a log line (loss, tokens/s, MFU, memory, ETA) every N steps")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)",

@@ -158,7 +158,7 @@ def _between_steps(hooks: Hooks, done: int, reader: _Reader, timer: StepTimer, r
                    spec: LoopSpec) -> bool:
     """The hooks after `done` steps; True ends the loop. Their time is kept out of the step times."""
     # the timed steps the device has finished, not those queued: the host runs up to LAG steps ahead, which early
-    # in the timed region overstated the rate (an H200 job logged 726,670 tokens/s and "MFU 58.6%" 6 steps in)
+    # in the timed region overstated the rate (a few steps in, a job logged tokens/s and an MFU far above its real ones)
     due = hooks.due(done) or reader.stop or done == spec.steps
     finite = reader.read(done) if due else True  # every loss up to here, before an evaluation or a checkpoint
     hooks.log(done, result, timer.elapsed(), max(0, reader.read_upto + 1 - (spec.start + spec.warmup)),

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 LOGITS_PER_CHUNK = 1 << 26  # fp32 elements: 256 MiB
 # evaluation's chunks: its logits, their fp32 copy and log-sum-exp's exponentials are all it holds, beside a train
 # job's CUDA graph pools (which keep the step's activations): an eighth (32 MiB, 262 tokens at a 32,000 vocabulary,
-# never below 128) took GPT-2 small's job from 5.12 to 4.62 GiB on an H100 (benchmarks/RESULTS.md), and leaves the
+# never below 128) lowers such a job's peak (its evaluation's buffers sit on top of those pools), and leaves the
 # head's matmuls deep enough that evaluation, a few batches now and then, is no slower for it
 EVAL_CHUNK_FRACTION = 8
 IGNORE = -100  # a label that is not trained on (prompt tokens, padding, the last token of an example)
@@ -70,7 +70,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         grad_b = torch.zeros_like(b, dtype=torch.float32) if bias is not None and bias.requires_grad else None
         total = torch.zeros((), device=h.device, dtype=torch.float32)
         # a trained head's gradient takes one matmul per GRAD_GROUP chunks: each pass over its fp32 accumulator
-        # costs about what the product does at one chunk's width (16 passes: ~15 ms of an 8B FSDP2 step)
+        # costs about what the product does at one chunk's width, so a pass per chunk would cost as much again
         span = chunk * GRAD_GROUP if grad_w is not None else chunk
         for i in range(0, hc.shape[0], span):
             rows = hc[i:i + span]
@@ -168,17 +168,15 @@ def _loss_and_grad_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid
 
 @functools.cache
 def _compiled() -> Callable:
-    return torch.compile(_loss_and_grad_pure)  # on first use: importing dynamo takes ~2 s
+    return torch.compile(_loss_and_grad_pure)  # on first use: importing dynamo is slow
 
 
 def _loss_and_grad(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: torch.Tensor | None,
                    dtype: torch.dtype, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Eagerly on a GPU, the softmax's passes over a chunk's fp32 logits (cast, logsumexp, subtract, exp, cast
-    back: ~1 ms per 67M-element chunk on an H200, 16 chunks a step on Llama-3-8B) are one compiled pair of
-    kernels; elsewhere (the CPU) the in-place form runs. Inside a compiled graph (a whole model's) the pure form
-    is traced: the in-place one kept up to four chunks' fp32 logits alive there, 0.62 GiB more for GPT-2 small and
-    Llama-3.2-1B at 8,192-16,384 tokens, for no speed (within 3% either way where GPU-bound, H100 and H200;
-    benchmarks/RESULTS.md)."""
+    back: each a pass over memory, for every chunk of every step) are one compiled pair of kernels; elsewhere (the
+    CPU) the in-place form runs. Inside a compiled graph (a whole model's) the pure form is traced: the in-place one
+    kept up to four chunks' fp32 logits alive there, more memory for no speed (benchmarks/results/full-finetune.md)."""
     if torch.compiler.is_compiling():
         return _loss_and_grad_pure(logits, y, vocab, valid, dtype, softcap)
     if logits.is_cuda:
@@ -192,7 +190,7 @@ def _loss_and_grad(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: tor
 def _padded(t: torch.Tensor) -> torch.Tensor:
     """The head's rows padded with zeros to a multiple of ALIGN. With an odd vocabulary (GPT-2's 50,257)
     every matmul of the loss has a row stride no Hopper kernel takes, and cuBLAS falls back to slow
-    1-element-aligned kernels (measured: a third of an eager GPT-2 step). Aligned vocabularies are left as
+    1-element-aligned kernels (a large share of an eager GPT-2 step). Aligned vocabularies are left as
     they are (no copy)."""
     rows = t.shape[0]
     if rows % ALIGN == 0:
@@ -204,7 +202,7 @@ def _padded(t: torch.Tensor) -> torch.Tensor:
 
 # CUDA's addmm writes a bf16 product straight into an fp32 accumulator (cuBLAS, fp32 epilogue); elsewhere the
 # product is made in the inputs' dtype and then added. The latter costs a 16-bit copy of the head's gradient per
-# chunk and an extra pass over the fp32 one: measured 32 ms of an 828 ms Llama-3-8B FSDP2 step (16 chunks).
+# chunk and an extra pass over the fp32 one, for every chunk of every step.
 _FP32_EPILOGUE = hasattr(torch.ops.aten.addmm, "dtype_out")
 
 
@@ -220,7 +218,7 @@ def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
 def _accumulate_in_graph(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """`_accumulate` as one opaque op of a compiled graph, written in place into the accumulator. Summed out of place
     (`acc + a @ b`), inductor fused every group's sum into one kernel at the loss's end and kept each group's 16-bit
-    product alive until then: 4 x 501 MiB at Llama-3.2-1B's peak at 8,192 tokens (benchmarks/RESULTS.md)."""
+    product (as large as the head's gradient) alive until then, all of them at once at the loss's peak."""
     _accumulate(acc, a, b)
 
 
@@ -233,8 +231,8 @@ def _loss_only(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                dtype: torch.dtype, masked: bool, softcap: float | None = None) -> torch.Tensor:
     """sum over tokens of CE(h @ W.T + b, y) where no gradient is wanted (evaluation): chunk by chunk, each chunk's
     logits and their log-sum-exp alone. The fused function computes the gradients whatever the grad mode (autograd
-    runs its forward without it): a train job of GPT-2 small evaluating beside CUDA graphs' pools peaked at 7.79 GiB
-    with the logits' and the head's gradient buffers, 6.15 without, against its step's 5.46 (benchmarks/RESULTS.md)."""
+    runs its forward without it): a train job evaluating beside its CUDA graphs' pools would hold the logits' and
+    the head's gradient buffers on top of them, a peak above its step's own (benchmarks/results/training-jobs.md)."""
     vocab = weight.shape[0]
     w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
     total = torch.zeros((), device=h.device, dtype=torch.float32)

@@ -2,10 +2,10 @@
 side streams so that the copies overlap the compute.
 
 With whole-block checkpointing (`grad_ckpt`) a compiled block saves only its input: one (batch, seq, hidden)
-tensor per block, 1 GiB on Mistral-7B at batch 8 x 512 against ~6 GiB for the whole QLoRA step. Offloaded,
-those inputs cost PCIe time the forward and backward hide (33 MB per block against ~4 ms of its compute on an
-H200) instead of GPU memory. Offloading everything a block keeping its matmuls saves is possible too, but ~10x
-the bytes: bounded by the host link, not the GPU.
+tensor per block, 1 GiB on Mistral-7B at batch 8 x 512, a large share of the whole QLoRA step's peak. Offloaded,
+those inputs cost PCIe time the forward and backward hide (a block's input crosses the link in less time than the
+block computes) instead of GPU memory. Offloading everything a block keeping its matmuls saves is possible too, but
+many times the bytes: bounded by the host link, not the GPU.
 
 How (saved-tensor hooks around the forward, as torchtune's OffloadActivations):
 - pack: a saved tensor (CUDA, contiguous, not a parameter, at least `min_bytes`) becomes an entry; the same

@@ -1,8 +1,8 @@
 """Optimizer factory: PyTorch AdamW (foreach or fused) and bitsandbytes 8-bit / paged 8-bit AdamW.
 
 bitsandbytes steps one tensor at a time and synchronizes the GPU after each (`sync_gpu`): with LoRA on every
-linear layer of a 7B model that is 448 host round trips per step (measured ~45 ms of a 443 ms QLoRA step on an
-H200, the GPU idle meanwhile). `packed` makes its step see the adapters as one tensor: their values and
+linear layer of a 7B model that is 448 host round trips per step, the GPU idle through each of them
+(benchmarks/results/qlora-lora.md). `packed` makes its step see the adapters as one tensor: their values and
 gradients are gathered into one flat buffer per dtype, stepped by one call, and copied back. Its 8-bit states
 are quantized in blocks of 256 elements, so a tensor whose size is a multiple of 256 (and above bitsandbytes'
 8-bit minimum) gets exactly the update it would get alone; other tensors are stepped as before.

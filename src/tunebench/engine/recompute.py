@@ -3,17 +3,16 @@
 Hugging Face's checkpointing (what `grad_ckpt` turns on) keeps only a block's input and runs its whole forward
 again in backward: every matmul twice. `ckpt_keep: matmuls` is op-level selective checkpointing (torchtitan's
 "op" mode): the block also keeps the outputs of its large matmuls and of attention, so backward reruns only
-the elementwise ops between them (norms, RoPE, SiLU, residual adds): part of the memory for almost none of the
-time (Mistral-7B LoRA, one H200: 6.4 of the 16.8 GiB that full recompute saves, at 2% below no checkpointing's
-speed where full recompute runs 30% below). The checkpoint is put inside the block's own forward, so that a
+the elementwise ops between them (norms, RoPE, SiLU, residual adds): it saves part of what full recompute saves,
+for almost none of its time (no matmul runs twice). The checkpoint is put inside the block's own forward, so that a
 compiled block traces it (torch.compile turns the policy into its recompute choices) and the block's hooks
 (FSDP2's gathers) stay outside it.
 
 A block recomputed whole has its checkpoint moved inside its forward too where blocks are compiled
 (`ckpt_traced`, the default): the compiled forward then saves only the block's input, and backward's graph
-holds the recompute fused with backward's own ops. Measured on H200s against Hugging Face's checkpoint around
-the block's call: Mistral-7B LoRA +9%, QLoRA +14% (where its 4-bit layers become plain ops in the graph),
-Llama-3-8B full FSDP2 on 2 GPUs +6.7%, for +0.7 to +1.0 GiB held while a block's backward runs.
+holds the recompute fused with backward's own ops. Faster than Hugging Face's checkpoint around the block's call
+for LoRA, QLoRA (where its 4-bit layers become plain ops in the graph) and full FSDP2 fine-tunes, for a little more
+memory held while a block's backward runs (benchmarks/results/qlora-lora.md).
 """
 
 from __future__ import annotations
@@ -66,8 +65,8 @@ def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 
 def _checkpointed(forward: Callable, context: Callable | None) -> Callable:
     # A function of ours, not a partial of torch's checkpoint: torch.compile does not start tracing in torch's own
-    # files, so a compiled block would run the checkpoint eagerly, its policy a Python hook on every op (measured
-    # 1.6x slower than whole-block recompute on Mistral-7B LoRA); traced from here, it becomes one graph.
+    # files, so a compiled block would run the checkpoint eagerly, its policy a Python hook on every op (slower
+    # than recomputing the whole block); traced from here, it becomes one graph.
     def run(*args, **kwargs):
         if not torch.is_grad_enabled():  # evaluation: nothing to keep (as Hugging Face's checks self.training)
             return forward(*args, **kwargs)

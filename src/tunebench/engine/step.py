@@ -42,8 +42,8 @@ class Batches(Protocol):
 def autocast(cfg: RunConfig, device: torch.device, cache: bool = True) -> contextlib.AbstractContextManager:
     """Mixed precision as the precision asks. `cache`: keep each weight's 16-bit copy until the context ends, as
     a training forward wants (its backward uses them); an evaluation loop without it holds one weight's copy at a
-    time (Llama-3.2-1B's train job, evaluating beside CUDA graphs: 31.14 GiB against 32.95 with every weight's
-    bf16 copy kept; benchmarks/RESULTS.md)."""
+    time (a train job evaluating beside its CUDA graphs' pools peaks lower without every weight's bf16 copy kept;
+    benchmarks/results/training-jobs.md)."""
     if cfg.precision in ("fp32", "bf16-pure"):  # nothing to cast: the weights already are what computes
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
@@ -56,10 +56,9 @@ def attention_kernels(cfg: RunConfig, device: torch.device) -> Iterator[None]:
     inputs passes them to the next). Entered around the whole loop: a checkpoint's recompute in backward must pick
     the kernel the forward picked (their saved tensors differ), and compile's tracing fixes it in the graph. The
     order also tags compile's caches, whose keys do not include it (a graph traced with one kernel was found
-    reused for the other across processes). auto leaves PyTorch's order: cuDNN's kernel alone is faster on an
-    H200 (0.44 against flash's 0.64 ms forward + backward for a Mistral-7B layer at 4,096 tokens, 0.70 against
-    1.01 for GPT-2's at 16,384; benchmarks/kernels_vs.py), but whole steps measured no faster with it (GPT-2
-    small compiled whole, Mistral-7B QLoRA without checkpointing and keeping matmuls: within 0.1%)."""
+    reused for the other across processes). auto leaves PyTorch's order: cuDNN's kernel alone is faster on Hopper
+    (benchmarks/compare/kernels_vs.py), but whole steps were no faster with it (GPT-2 small compiled whole,
+    Mistral-7B QLoRA without checkpointing and keeping matmuls; benchmarks/results/full-finetune.md)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     first = cfg.attn_kernel

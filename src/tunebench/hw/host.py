@@ -1,9 +1,9 @@
 """The host's speed at launching work: one CPU thread dispatching a small model's forward and backward.
 
 A step that is host-bound (small or short micro-batches, blocks compiled apart) runs at the speed of the thread
-that launches its kernels, and that differs between machines: the same GPT-2 small steps, compiled per block at
-s512 b16, took 29.8 ms on an H200 machine's host and 38.7 ms on an H100 machine's, both GPUs idle a third of the
-time. The planner's host constants (plan.speed) were measured on one machine; this figure scales them to another.
+that launches its kernels, and that differs between machines: the same GPT-2 small steps, compiled per block,
+took longer on one machine's host than on another's, the GPUs idle meanwhile (benchmarks/results/planner.md). The
+planner's host constants (plan.speed) were measured on one machine; this figure scales them to another.
 
 The loop: LAYERS linears of WIDTH with tanh, forward, sum and backward, on the device: each kernel is a few
 microseconds of GPU work, less than its launch, so the wall time per iteration is the host's.

@@ -36,7 +36,7 @@ def die_with_parent() -> None:
 def exit_now(code: int) -> None:
     """End a run's process once its results are written: exit handlers run, streams flushed, then the
     interpreter's teardown skipped. With torch and transformers loaded that teardown (freeing every
-    module) takes 0.3-0.9 s per process on 2 CPU cores, and every rank and run pays it."""
+    module) is slow, and every rank and run pays it."""
     # first what the interpreter's own exit does first: the threading module's exit hooks (which stop executors'
     # idle workers), then every non-daemon thread joined (a library's upload still writing finishes)
     if threading.current_thread() is threading.main_thread():

@@ -3,7 +3,7 @@
 k-bit preparation is done our way rather than with peft's ``prepare_model_for_kbit_training``: the
 base is frozen (peft does that), checkpointing is non-reentrant (so inputs need no grad hook), and
 embeddings, norms and the head stay in the compute dtype. peft's helper upcasts all of them to fp32,
-which on Mistral-7B costs about 1 GiB and a weight cast every step, for no stability gain in bf16.
+which costs an fp32 copy of those weights and a weight cast every step, for no stability gain in bf16.
 """
 
 from __future__ import annotations

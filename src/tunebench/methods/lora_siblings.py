@@ -5,17 +5,16 @@ input), ·Bᵀ, a scale and an add (for a 4-bit base, after a defensive clone of
 the adapter's fp32 and back first. For q, k and v that is three thin GEMMs over one input in forward and three
 more passes over it in backward. Here the siblings of a block run together: their A matrices stacked, one
 x·[A_q; A_k; A_v]ᵀ, and each B product added to its base output in the matmul's epilogue (addmm) rather than by a
-separate elementwise pass. Measured on an H200 (Mistral-7B s512 b8, checkpointed or not): 0.5-2.1% faster and
-0.07-0.33 GiB less than peft's layers apart. The base weights themselves as one GEMM over [W_q; W_k; W_v]
-(stored as views of one tensor) was measured too and dropped: no faster, and the saved value's view kept the
-whole output alive (+1.2 GiB).
+separate elementwise pass: a little faster and smaller than peft's layers apart, checkpointed or not
+(benchmarks/results/qlora-lora.md). The base weights themselves as one GEMM over [W_q; W_k; W_v] (stored as views
+of one tensor) was tried too and dropped: no faster, and the saved value's view kept the whole output alive.
 
 The first sibling called computes the stacked product and the next ones, called with the same input, use it (any
 other call runs peft's own forward); compiled, dynamo traces that hand-over into the block's one graph. Not inside
 a checkpoint that compile traces (ours, keeping matmuls or recomputing the block whole, i.e. every checkpointed
 block of a compiled model; Hugging Face's in a whole-model graph): dynamo refuses the
 hand-over there (a side effect), and letting each sibling compute the product for the compiler to merge was
-measured 1-2.4% slower than peft's layers apart (the forward merges, but each copy keeps its own backward); the
+slower than peft's layers apart (the forward merges, but each copy keeps its own backward); the
 runner leaves those blocks' layers apart. Modules, parameters, names and saved adapters stay peft's.
 """
 

@@ -3,7 +3,8 @@
 Utilization, power, temperature, SM clock and throttle reasons every `interval` seconds; energy
 from the GPU's own energy counter where it has one (else power integrated over the samples).
 Without NVML (CPU runs, no driver) nothing is sampled and the record has no telemetry fields:
-absent, never zero. The thread makes a handful of NVML calls per sample, far below 1% of a step.
+absent, never zero. The thread makes a handful of NVML calls per sample, negligible beside a step
+(benchmarks/probes/telemetry_overhead.py measures it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Traced by torch.compile, transformers always builds a dense mask: position ids might be packed and it cannot
 look at their values without breaking the graph. A dense mask makes SDPA compute every query-key pair:
-GPT-2's attention took 2.5x as long under whole-model compile on an H200 (benchmarks/RESULTS.md). The caller
+GPT-2's attention took far longer under whole-model compile (benchmarks/results/full-finetune.md). The caller
 knows better: rows of whole sequences (no position ids given, no padding mask) are plainly causal. This is
 transformers' SDPA, registered under its own name with transformers' own mask, plus one keyword,
 `plain_causal`, with which the caller drops the mask and SDPA runs with is_causal (its flash kernels);
@@ -11,15 +11,14 @@ inductor then removes the unused mask from the graph.
 Grouped keys and values (Llama-3, Mistral, Qwen) in fp32 on a GPU are repeated to the query's heads first:
 transformers asks SDPA to group them itself, which CUDA's flash and cuDNN kernels do only for 16-bit inputs and
 its memory-efficient kernel (the one that takes fp32) not at all, so SDPA fell to its math kernel and kept every
-S x S probability for backward (Llama-3.2-1B fp32, s2048 b2 on an H100: 43.95 GiB; benchmarks/RESULTS.md).
+S x S probability for backward: memory quadratic in the sequence length, per head and layer.
 
 Packed rows (several examples per row, kept apart by position ids) get a second keyword, `documents`: where each
 example starts in the rows flattened (engine.data.documents_of). With it, 16-bit attention on a GPU runs torch's
 variable-length flash kernel, each example causal over itself alone: the block-diagonal mask transformers builds
-kept SDPA off its flash kernels and computed every pair across examples only to mask it away (a Llama-3-8B layer's
-attention over packed rows of 4,096 on an H100: 1.67 ms forward + backward against the mask's 3.16;
-benchmarks/RESULTS.md). fp32 (no flash kernel takes it), dropout, sliding windows shorter than the row and
-position biases keep the mask.
+kept SDPA off its flash kernels and computed every pair across examples only to mask it away
+(benchmarks/probes/packed_attention.py times both). fp32 (no flash kernel takes it), dropout, sliding windows
+shorter than the row and position biases keep the mask.
 """
 
 from __future__ import annotations

@@ -82,6 +82,13 @@ def train_weights(cfg: RunConfig, float_storage: bool = False) -> Weights:
                    cfg.attn, cfg.seed, storage=storage, dropout=cfg.dropout)
 
 
+def _made(cfg: RunConfig) -> RunConfig:
+    """A run's config builds only once its 'auto' choices are made (tunebench.choices.resolve, in preflight)."""
+    if cfg.precision == "auto":
+        raise ValueError("precision=auto: build from the config preflight resolved (tunebench.choices.resolve)")
+    return cfg
+
+
 def load_meta_model(spec: ModelSpec, cfg: RunConfig | Weights, device_type: str = "cpu") -> PreTrainedModel:
     """The architecture with parameters on meta (no memory) and buffers (rotary tables) real on CPU; `device_type`:
     where it will compute (attn_implementation)."""
@@ -297,7 +304,7 @@ def _float8(model: PreTrainedModel, cfg: RunConfig) -> None:
 def build_meta(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> MetaBuild:
     """The training model of `cfg` on meta, for a strategy that shards it before any weight exists. A QLoRA
     base gets 4-bit layers whose packed bytes are stored in the dtype the strategy computes in (models.sharded4bit)."""
-    w = train_weights(cfg.resolved(device.type), float_storage=True)
+    w = train_weights(_made(cfg), float_storage=True)
     model = load_meta_model(spec, w, device.type)
     source = SafetensorsRows(spec.path) if spec.has_weights else None
     if not w.quant:
@@ -318,7 +325,7 @@ def build_partitioned(spec: ModelSpec, cfg: RunConfig, device: torch.device,
     drawn yet: `models.shards.fill_partitions` fills each rank's partitions as an unsharded build would."""
     from transformers.initialization import no_init_weights
 
-    w = train_weights(cfg.resolved(device.type))
+    w = train_weights(_made(cfg))
     with no_init_weights():  # Hugging Face's init would index the empty partitions (an embedding's padding row)
         model = _from_config(spec, w, partitioning, device.type)
     source = SafetensorsRows(spec.path) if spec.has_weights else None
@@ -329,6 +336,6 @@ def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device,
                 progress: Callable[[float], None] | None = None,
                 float_storage: bool = False) -> tuple[PreTrainedModel, str]:
     """The training model of a run configuration on `device` (`float_storage`: see train_weights)."""
-    model, weights = build(spec, train_weights(cfg.resolved(device.type), float_storage), device, progress)
+    model, weights = build(spec, train_weights(_made(cfg), float_storage), device, progress)
     _float8(model, cfg)
     return model, weights

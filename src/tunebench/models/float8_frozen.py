@@ -6,17 +6,17 @@ with a scale per token, W with a scale per output row. Backward casts dy per tok
 transposed (the matmul wants its second operand column-major), by compiled ops that inductor fuses. A 4-bit
 weight is cast straight from its bytes (models.nf4.float8_weight) per row in both passes, backward moving W's row
 factors onto dy's columns before casting dy (dy W = (dy diag(w_inv)) W8), so that W8 is only transposed: a
-transposed per-column cast kernel of ours ran at a third of the bandwidth (measured on an H200). What is cast is
+transposed per-column cast kernel of ours ran far below the memory's bandwidth. What is cast is
 fused by inductor with the ops around it in the compiled block. The adapters stay in bf16.
 
-On an H200 the seven frozen linears of a Mistral-7B block, both products at 4,096 tokens with their casts, took
-3.60 ms against 5.13 in bf16 (`benchmarks/kernels_vs.py --ops base_fp8`). The rounding is float8's: about 4%
-relative error on a product of random bf16 operands, what float8 training accepts.
+The seven frozen linears of a block, both products with their casts, run faster than in bf16 on float8 tensor
+cores (`benchmarks/compare/kernels_vs.py --ops base_fp8`). The rounding is float8's (3 mantissa bits: a few percent
+relative error on a product, as tests/test_float8_frozen.py bounds it), what float8 training accepts.
 
 The autograd functions keep nothing for backward but the weight they were given (a parameter, or for QLoRA the
 packed 4-bit weight and its constants), never an activation. Not inside a compiled block's traced checkpoint
 (engine.recompute.recompute_traced): torch 2.11's partitioner (the GPU image's) does not mark what runs inside an
-autograd function for recompute, and kept what it returns (Mistral-7B QLoRA on an H200: 15.8 GiB against 6.9).
+autograd function for recompute, and kept what it returns (every block's, through the whole forward).
 There the product is `recomputed_product`: the casts as plain ops and the float8 matmul one custom op with its
 own gradient, which the checkpoint marks like any op; backward's graph then casts a 4-bit weight once for the
 recomputed forward and the input gradient both (its three casts a step become two).
@@ -75,8 +75,8 @@ def forward_product(x: torch.Tensor, w: torch.Tensor, emulated: bool = False) ->
 
 def input_grad(grad: torch.Tensor, w: torch.Tensor, emulated: bool = False) -> torch.Tensor:
     """dy W (dy: ... x out) in float8, W cast per input column by compiled ops that write it transposed (for a
-    bf16 weight inductor's kernel for that is fast: on an H200, Mistral-7B LoRA 5% faster a step than casting W
-    per row again and moving its factors onto dy, as input_grad_of_rows does for 4-bit weights)."""
+    bf16 weight inductor's kernel for that is fast: a LoRA step runs faster this way than casting W per row again and
+    moving its factors onto dy, as input_grad_of_rows does for 4-bit weights)."""
     return product(grad, *columnwise_transposed(w), emulated=emulated)
 
 

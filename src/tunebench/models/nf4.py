@@ -2,8 +2,8 @@
 
 bitsandbytes reaches the GPU from Python at every 4-bit matmul: at training sizes it dequantizes the nested
 absmax (two small kernels), then the weight, then calls F.linear, each step on the host; in a compiled block
-that is an opaque call. Profiled on an H200 (Mistral-7B QLoRA s512 b8, no checkpointing), the GPU waited on
-those calls ~17 ms of a 272 ms step. Written in torch ops, the same dequantization (the absmax as
+that is an opaque call. Profiled (Mistral-7B QLoRA, no checkpointing), the GPU waited on those calls for a
+visible part of the step. Written in torch ops, the same dequantization (the absmax as
 code2[byte] * absmax2 + offset, the weight as code[nibble] * absmax, in fp32 as bitsandbytes does, then cast) is
 fused by inductor into one kernel launched from the graph with the rest of the block.
 
@@ -11,15 +11,15 @@ fused by inductor into one kernel launched from the graph with the rest of the b
 (backward through different ops, so that compiled they are not merged into one whose bf16 output is kept).
 Used in compiled blocks that keep their matmuls' outputs (engine.recompute.keep_matmuls): the block's selective
 checkpoint then sees the base matmuls as plain ops and keeps them as it does a bf16 base's, recomputing only the
-dequantization (measured on an H200: 25% faster, at about twice the memory of recomputing everything); in
+dequantization (faster than recomputing everything, for more memory); in
 compiled blocks without checkpointing (no bitsandbytes calls from the host between kernels); and, as plain ops
 (`recomputed`), in compiled blocks whose whole-block checkpoint is traced (engine.recompute.recompute_traced).
-Not in blocks under Hugging Face's checkpoint around their call (measured no faster, with the torch ops and with
-the kernel: 1-2% slower than bitsandbytes' layers there). Eagerly the same ops are several kernels with large
+Not in blocks under Hugging Face's checkpoint around their call (no faster there than bitsandbytes' layers, with
+the torch ops or with the kernel). Eagerly the same ops are several kernels with large
 temporaries, and FSDP2 and DeepSpeed store the weights in another dtype.
 
-On a GPU the dequantization is one Triton kernel (models.nf4_kernel, the same values): ~2.8x inductor's kernel
-for these ops, measured +5% to +6% on a whole Mistral-7B QLoRA step.
+On a GPU the dequantization is one Triton kernel (models.nf4_kernel, the same values): faster than inductor's
+kernel for these ops (it reads each byte once), which shows in a whole QLoRA step (benchmarks/results/qlora-lora.md).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def dequantize(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, b
 
     `again`: the same values through different ops, for backward. Compiled, the joint graph's common-subexpression
     pass would merge identical forward and backward dequantizations into one, which the partitioner then keeps
-    for backward: the whole bf16 weight saved (+13 GiB on Mistral-7B without checkpointing)."""
+    for backward: the whole bf16 weight saved (without checkpointing, a bf16 copy of every 4-bit layer)."""
     absmax = block_absmax(absmax, absmax_code, absmax_scale, offset, again)
     return (code[_nibbles(packed, again)].view(-1, blocksize) * absmax.view(-1, 1)).view(shape).to(dtype)
 
@@ -94,7 +94,7 @@ def _nibbles(packed: torch.Tensor, again: bool = False) -> torch.Tensor:
 
 
 def _dequantize(packed: torch.Tensor, *args, again: bool = False) -> torch.Tensor:
-    """One Triton kernel on a GPU (models.nf4_kernel: the same values, 2.8x inductor's speed on an H200), else
+    """One Triton kernel on a GPU (models.nf4_kernel: the same values, faster than inductor's), else
     the torch ops."""
     fn = nf4_kernel.dequantize if nf4_kernel.available(packed) else dequantize
     return fn(packed, *args, again=again)
@@ -185,7 +185,7 @@ def fuse_dequantization(module: nn.Module, recomputed: bool = False, float8: boo
     (engine.recompute.recompute_traced). Its layers are then plain ops, dequantization and matmul (float8's:
     float8_frozen.recomputed_product), which the checkpoint marks for recompute. Not `_Linear4bit`: what runs
     inside an autograd function is not marked (torch 2.11), so the partitioner kept what that function's backward
-    reads (measured on an H200, Mistral-7B: each block's bf16 weights, 9.5 GiB in all).
+    reads (each block's bf16 weights, through the whole forward).
     `float8`: both of a layer's products in float8 (models.float8_frozen)."""
     layers = [m for m in module.modules() if fusable(m)]
     for m in layers:

@@ -1,11 +1,11 @@
 """bitsandbytes' 4-bit dequantization as one Triton kernel (CUDA only; `nf4.dequantize` is the reference).
 
 Inductor's kernel for the torch-ops dequantization (an int64 gather per element, the nibbles stacked, the nested
-absmax expanded) reads and writes at about a third of an H200's bandwidth. This one reads each byte once, looks
-both nibbles up in the 16-entry code, scales them by their block's absmax (itself dequantized in place when
-nested: `code2[byte] * absmax2 + offset`), and stores the pair interleaved, in the output dtype. The products are
-rounded as bitsandbytes rounds them (fp32 multiply, then add, never fused into one fma): the values are its
-values bit for bit.
+absmax expanded) reads and writes far below the GPU's memory bandwidth (benchmarks/compare/dequant_vs.py). This
+one reads each byte once, looks both nibbles up in the 16-entry code, scales them by their block's absmax (itself
+dequantized in place when nested: `code2[byte] * absmax2 + offset`), and stores the pair interleaved, in the output
+dtype. The products are rounded as bitsandbytes rounds them (fp32 multiply, then add, never fused into one fma):
+the values are its values bit for bit.
 
 Registered as a `torch.library.triton_op`, so that torch.compile sees the kernel inside a block's graph (no graph
 break) and eager calls launch it directly. `again` selects a second, identical entry point: compiled, the joint
@@ -26,7 +26,7 @@ try:
 except ImportError:  # CPU-only installs, or an older torch: models.nf4 falls back to its torch ops
     triton = None
 
-BYTES_PER_PROGRAM = 2048  # 4,096 output elements per program (measured best of 512-4096 on an H200)
+BYTES_PER_PROGRAM = 2048  # 4,096 output elements per program: the fastest of the sizes tried (512-4096)
 NUM_WARPS = 4
 
 

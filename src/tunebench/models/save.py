@@ -1,7 +1,7 @@
 """save_pretrained without accelerate's DeepSpeed probe, and a model saved ready to generate.
 
 transformers' save_pretrained unwraps the model through accelerate, which imports DeepSpeed (where it is installed)
-only to ask whether the model is a DeepSpeedEngine: 1.6 s on a CPU and a "Setting accelerator" warning line in every
+only to ask whether the model is a DeepSpeedEngine: a slow import and a "Setting accelerator" warning line in every
 process that saves a checkpoint or a model, under any strategy. No object is an instance of a class never imported,
 so while DeepSpeed is not imported the question is answered without importing it.
 

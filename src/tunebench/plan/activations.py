@@ -2,8 +2,8 @@
 
 Counted op by op for the Hugging Face implementations our engine runs, with the dtypes of
 plan.workload, SDPA's flash kernel (it keeps q, k, v, the output and one fp32 logsumexp per head),
-and checked against the bytes saved per block measured on an H200 (benchmarks/memory_probe.py; the
-data is in benchmarks/data): each line below names what it keeps, with h the hidden size, i the MLP
+and checked against the bytes saved per block on GPUs (benchmarks/probes/memory_probe.py; the records
+are in tests/data/planner): each line below names what it keeps, with h the hidden size, i the MLP
 width, q the query width (heads x head_dim), kv the key/value width, H the heads.
 
 Llama/Mistral block, bf16 weights without autocast (DeepSpeed):
@@ -24,8 +24,7 @@ inputs, gate, up and their product, attention's set, the norms' rstd), GPT-2 32h
 attention's output, LayerNorms' inputs and outputs, c_fc's output and GELU's).
 LoRA adds each adapter's rank-r output, and no copy of an adapter's input: peft casts that input to the
 adapters' fp32, yet nothing more is kept, under autocast or under DeepSpeed (whose bf16 engine casts the
-adapters too); measured on the CPU (a test) and on an H100 (118k bytes/token per block of Llama-3.2-1B LoRA,
-as counted here).
+adapters too); checked on the CPU (a test) and on GPUs (benchmarks/results/planner.md).
 Other decoder families keep what a Llama block of their shape keeps, plus (measured on the CPU per family with
 autograd's saved tensors, eager and compiled; tests/test_families.py):
   Gemma's two more norms (four a block, computed in fp32): 20h without autocast, 8h under autocast with a frozen
@@ -43,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tunebench.plan.calibration import CAL
 from tunebench.plan.workload import Workload
 
 
@@ -147,7 +147,6 @@ def _gpt2_block(w: Workload) -> float:
     inner = s.shape.get("n_inner") or 4 * h
     attention = 6 * h + 2 * h + 4 * heads  # fused qkv, output (also c_proj's input), logsumexp
     # the fits below ran with GPT-2's dropout: the two residual dropouts' masks (1 byte each) go without it
-    # (measured: 0.30 GiB less at 16,384 tokens x 12 blocks, 2.1h)
     masks = 0 if w.dropout else -2 * h
     if w.fp32:
         if w.cfg.compile:
@@ -175,7 +174,7 @@ def _matmul_outputs(w: Workload) -> float:
 
 def _attention_output(w: Workload) -> float:
     """QLoRA under ckpt_keep=matmuls: attention's output and logsumexp, and one key/value-wide tensor more
-    (measured on Mistral-7B: 10.6 kB per token per block over recomputing everything; counted here 10.6)."""
+    (as the records of Mistral-7B show, benchmarks/results/planner.md)."""
     s = w.spec
     kv = (s.shape.get("num_key_value_heads") or s.num_heads) * s.head_dim
     return w.compute_bytes * (s.num_heads * s.head_dim + kv) + 4 * s.num_heads
@@ -195,19 +194,14 @@ def _math_attention_extra(w: Workload) -> float:
     return (6 * q + 2 * heads * w.cfg.seq_len) - (4 * q + 4 * kv + 4 * heads)
 
 
-# LoRA on an MoE's experts through peft's ParamWrapper: each adapted expert weight rebuilt as W + B A and kept for
-# backward, per expert weight in a 16-bit base (measured with autograd's saved tensors on Mixtral- and
-# Qwen3-MoE-shaped blocks)
-EXPERT_DELTA_KEPT_BYTES = 2.45
 
 
 def activations(w: Workload) -> Activations:
     block = _llama_block(w) if w.family == "llama" else _gpt2_block(w)
     block += _adapters(w)
     if w.whole_graph and w.residual_bytes == 4 and not w.fp32:
-        # one graph keeps about 2h more per block than blocks compiled apart (measured, H100: GPT-2 small 1,536-1,562
-        # bytes per token per block with dropout and without, Llama-3.2-1B 2,600-3,900): by its size a bf16 copy of
-        # the fp32 residual; a bf16 residual needs none (bf16-pure: GPT-2 small and medium within 1-3% without it)
+        # one graph keeps about 2h more per block than blocks compiled apart: by its size a bf16 copy of the fp32
+        # residual; a bf16 residual needs none (benchmarks/results/planner.md)
         block += 2 * w.spec.hidden_size
     kernel = _attention_kernel(w)
     if kernel == "math":
@@ -230,5 +224,5 @@ def activations(w: Workload) -> Activations:
             f"checkpointing one block in {w.cfg.ckpt_every}: those keep their input, the others everything")
     per_block = 0.0
     if w.adapts_experts:
-        per_block = EXPERT_DELTA_KEPT_BYTES * w.compute_bytes / 2 * w.counts.experts / w.experts.sparse
+        per_block = CAL.expert_delta_kept_bytes * w.compute_bytes / 2 * w.counts.experts / w.experts.sparse
     return Activations(block, kept, outside, kernel, note, per_block, routing(w))

@@ -1,12 +1,9 @@
 """The figures a prediction runs on: measured by `tunebench hw` where the store has them, else the catalog's.
 
-Without a measured record the matmul ceiling is 80% of the dense peak (MAMF measured 80.5-81% on H200), fp32's
-76% of the CUDA cores' peak (51.1 of 67 TFLOP/s on an H100, TF32 off), TF32's 80% of its tensor-core peak
-(404.3 of 494.7 on an H100),
-memory bandwidth 81% of the spec (device copy measured 3878 of 4800 GB/s on the 4-GPU H200 host whose
-figures calibrated plan.speed; 4236 on a 1-GPU host) and a collective's bus bandwidth 78% of the GPU's
-link (all-reduce measured 353 of 450 GB/s on 4 H200). The host's constants in plan.speed are the H200
-machine's; a measured host dispatch time (hw.host) scales them to this machine's host.
+Without a measured record the ceilings are shares of the spec sheet's figures (plan.calibration: the matmul
+ceiling of the dense peak, fp32's of the CUDA cores' peak, memory bandwidth of the spec, a collective's bus
+bandwidth of the GPU's link). The host rows of plan.calibration were fitted on one host; a measured host dispatch
+time (hw.host) scales them to this machine's host.
 """
 
 from __future__ import annotations
@@ -15,14 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from tunebench.gpus import Gpu
-
-MAMF_OF_PEAK = 0.80
-FP32_MAMF_OF_PEAK = 0.76
-COPY_OF_SPEC = 0.81
-BUSBW_OF_LINK = 0.78
-INTER_NODE_GBPS = 25.0  # per GPU across nodes (200 Gb/s NICs) when nothing was measured
-# hw.host's figure on the H200 machine whose runs fitted plan.speed's host constants (benchmarks/RESULTS.md)
-REFERENCE_HOST_DISPATCH_US = 1648.0
+from tunebench.plan.calibration import CAL
 
 
 @dataclass(frozen=True)
@@ -38,8 +28,8 @@ class Hardware:
 
     def collective(self, op: str, nnodes: int = 1) -> float:
         if nnodes > 1:
-            return INTER_NODE_GBPS * 1e9
-        return self.busbw.get(op) or BUSBW_OF_LINK * self.gpu.link_gbps * 1e9
+            return CAL.inter_node_gbps * 1e9
+        return self.busbw.get(op) or CAL.busbw_of_link * self.gpu.link_gbps * 1e9
 
 
 def hardware(gpu: Gpu, measured: list[tuple[str, dict]] = ()) -> Hardware:
@@ -67,8 +57,8 @@ def hardware(gpu: Gpu, measured: list[tuple[str, dict]] = ()) -> Hardware:
     source = ("measured: hw " + ", ".join(dict.fromkeys(used)) + (" (the rest from the spec sheet)" if
                                                                    None in (mamf, bandwidth) or not busbw else "")
               if used else "spec sheet")
-    host_scale = min(4.0, max(0.25, statistics.median(hosts) / REFERENCE_HOST_DISPATCH_US)) if hosts else 1.0
-    fp32 = sweeps.get("fp32") or FP32_MAMF_OF_PEAK * gpu.fp32_peak_flops
-    tf32 = sweeps.get("tf32") or (MAMF_OF_PEAK * gpu.tf32_peak_flops if gpu.tf32 else fp32)
-    return Hardware(gpu, mamf or MAMF_OF_PEAK * gpu.peak_flops, fp32, tf32,
-                    bandwidth or COPY_OF_SPEC * gpu.hbm_gbps * 1e9, busbw, source, host_scale)
+    host_scale = min(4.0, max(0.25, statistics.median(hosts) / CAL.reference_host_dispatch_us)) if hosts else 1.0
+    fp32 = sweeps.get("fp32") or CAL.fp32_mamf_of_peak * gpu.fp32_peak_flops
+    tf32 = sweeps.get("tf32") or (CAL.mamf_of_peak * gpu.tf32_peak_flops if gpu.tf32 else fp32)
+    return Hardware(gpu, mamf or CAL.mamf_of_peak * gpu.peak_flops, fp32, tf32,
+                    bandwidth or CAL.copy_of_spec * gpu.hbm_gbps * 1e9, busbw, source, host_scale)

@@ -10,8 +10,8 @@ CUDA graphs' pool, which runs count in full).
 With offload=optimizer the fp32 master weights and Adam's state live in host memory instead (host_bytes); with
 offload=activations the blocks' saved activations do, but for the few in flight.
 Beyond the allocator's peak a GPU also holds the CUDA context (kernels, cuBLAS and NCCL workspaces)
-and the allocator's reserve (freed blocks it keeps, fragmentation): both were measured on H100 and
-H200 runs (benchmarks/data); they decide whether a configuration fits, not what runs record.
+and the allocator's reserve (freed blocks it keeps, fragmentation): both fitted on GPU runs (plan.calibration,
+and each strategy's reserve in its row); they decide whether a configuration fits, not what runs record.
 """
 
 from __future__ import annotations
@@ -19,33 +19,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tunebench.plan.activations import Activations, activations
+from tunebench.plan.calibration import CAL
 from tunebench.plan.workload import Workload
 
 LOGITS_PER_CHUNK = 1 << 26  # engine.loss: logits of one chunk
 GRAD_GROUP = 3  # engine.loss: chunks per matmul of a trained head's gradient
+EVAL_CHUNK_FRACTION = 8  # engine.loss: evaluation's chunks are this fraction of training's
 # engine.offload: blocks' saved activations still on the GPU when offloaded: its LAG newest, IN_FLIGHT copies under
-# way and the block computing (measured on an H200: Mistral-7B QLoRA checkpointed, 0.82 of 1 GiB went)
+# way and the block computing
 OFFLOAD_RESIDENT_BLOCKS = 5
 GIB = 1 << 30
-# A checkpoint traced in the compiled block (ckpt_traced): backward's graph holds this many blocks' activations
-# beyond eager recompute's one, and QLoRA's dequantized bf16 weights of the block (fitted on Mistral-7B LoRA and
-# QLoRA s512 b8 on an H200: +0.68 and +0.95 GiB)
-TRACED_EXTRA_BLOCKS = 1.25
 DS_BUCKET = int(5e8)  # strategies.zero: reduce / all-gather / prefetch bucket size, elements
-OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}
-# Measured (nvml used - reserved): CUDA context, kernels and workspaces; NCCL adds its buffers.
-CONTEXT_BYTES = {1: int(1.45 * GIB), "nccl": int(2.1 * GIB), "nccl-multi": int(2.4 * GIB)}
-# cuda_graphs: runs count the graphs' private pools in full (metrics.memory.peak_allocated), their tensors alive or
-# not, and the pools are nobody else's to reuse; fitted on GPT-2 small on an H100 (s512 b1, s2048 b1, s512 b4 x 4,
-# s512 b16: 0.04-0.31 GiB above the launched kernels' peak, or the model's)
-CUDA_GRAPH_POOL_SLACK = 0.15 * GIB
-# The share of the gradients the backward's recording puts in new pool memory, fitted on H100 and H200 pools
-# (benchmarks/peak_parts.py): Llama-3.2-1B bf16 at three shapes 0.91-0.92, fp32 0.68, GPT-2 medium 0.55-0.73
-GRAPH_POOL_OWN_GRADIENTS = 0.75
-# engine.loss: evaluation's chunks are this fraction of training's (EVAL_CHUNK_FRACTION)
-EVAL_CHUNK_FRACTION = 8
-# Measured reserve (reserved / allocated - 1), per strategy: FSDP2's all-gathers on their own stream fragment most.
-RESERVE_FRACTION = {"single": 0.08, "ddp": 0.06, "fsdp": 0.3, "zero2": 0.15, "zero3": 0.2}
+OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}  # state per parameter
 
 
 @dataclass(frozen=True)
@@ -87,7 +72,7 @@ def _weights(w: Workload) -> list[Item]:
     c, cb, n = w.counts, w.compute_bytes, w.counts.total
     if w.full:
         if w.deepspeed:
-            bf16 = 2 * n / (w.world if w.strategy.name == "zero3" else 1)
+            bf16 = 2 * n / (w.world if w.strategy.shards == "everything" else 1)
             weights = [Item("weights", bf16, "bf16 copy DeepSpeed computes with")]
             if not w.offloaded:  # offloaded, the masters live in host memory
                 weights.append(Item("master weights", 4 * n / w.sharded, "fp32, in DeepSpeed's optimizer"))
@@ -153,12 +138,12 @@ def _grads(w: Workload) -> float:
 def _working(w: Workload) -> list[Item]:
     """Buffers a strategy holds around the compute: unsharded FSDP units, DeepSpeed buckets."""
     c, cb = w.counts, w.compute_bytes
-    if w.strategy.name == "fsdp" and w.world >= 1:
+    if w.collectives == "fsdp":
         root = c.embeddings + (0 if c.tied else c.head) + w.spec.hidden_size
         block = w.gathered(c.per_block, c.block_linears / w.layers)
         return [Item("unsharded root", cb * root, "embeddings, head, final norm gathered for forward and backward"),
                 Item("unsharded blocks", 2 * block, "the running block and the one prefetched")]
-    if w.strategy.name == "zero3":
+    if w.collectives == "zero3":
         # the prefetch bucket, and the largest parameter, fetched whole whatever the bucket (the head or embeddings)
         largest = max(w.counts.head, w.counts.embeddings)
         return [Item("gathered parameters", 2 * (min(DS_BUCKET, w.counts.total) + largest),
@@ -169,15 +154,15 @@ def _working(w: Workload) -> list[Item]:
 
 def _backward_buffers(w: Workload) -> float:
     """Buffers that exist only while backward runs: ZeRO-2's two reduce buckets (overlap_comm double-buffers)."""
-    return 2 * 2 * DS_BUCKET if w.strategy.name == "zero2" else 0.0
+    return 2 * 2 * DS_BUCKET if w.collectives == "zero2" else 0.0
 
 
 def loss_bytes_per_logit(w: Workload) -> int:
     """Bytes the loss holds per logit of one chunk at its peak. On a GPU: the chunk's logits and their gradient in
     the compute dtype (the softmax compiled, no fp32 copy), and for a trained head the gradient of a group of
     GRAD_GROUP chunks beside them (engine.loss). In one graph a chunk's gradient is written straight into its
-    group's (memory_probe.py --peak-live, H100, GPT-2 small at 8,192 and 16,384 tokens: one group's gradient and one
-    chunk's logits). A head the loss cannot fuse: chunks checkpointed, two fp32 chunks and two bf16 ones at once."""
+    group's (benchmarks/probes/memory_probe.py --peak-live: one group's gradient and one chunk's logits). A head
+    the loss cannot fuse: chunks checkpointed, two fp32 chunks and two bf16 ones at once."""
     b = w.compute_bytes
     if not w.fused_head:
         return 12
@@ -219,7 +204,7 @@ def head_grad_kept(w: Workload) -> float:
 
 def _head_grad_held(w: Workload) -> float:
     """FSDP's unsharded bf16 gradient of the root (the head's) waits for the end of backward to be reduced."""
-    return 2 * w.counts.head if (w.strategy.name == "fsdp" and w.head_trains and w.fused_head) else 0.0
+    return 2 * w.counts.head if (w.collectives == "fsdp" and w.head_trains and w.fused_head) else 0.0
 
 
 def _backward_temps(w: Workload, act: Activations) -> float:
@@ -232,7 +217,7 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     if w.checkpointed_share:
         temps += w.tokens * act.per_layer + act.per_block
     if w.recompute_traced and w.recomputed_share:
-        temps += TRACED_EXTRA_BLOCKS * w.tokens * act.per_layer
+        temps += CAL.traced_extra_blocks * w.tokens * act.per_layer
         # QLoRA's block weights rebuilt for its backward: bf16, or e4m3 with a frozen float8 base (not measured)
         rebuilt = 1 if w.cfg.frozen_float8 else 2
         temps += rebuilt * w.counts.block_linears / w.layers if w.cfg.method == "qlora" else 0.0
@@ -253,17 +238,16 @@ def _graph_pool(w: Workload, acts: float, loss: float, act: Activations) -> floa
     activations, the loss's chunk), then the backward's (the gradients, the last block's temporaries) beside the
     forward's saved ones, most of the gradients in memory of their own. The pool's live bytes never reach that: the
     segments outgrow them by what the backward's recording could not reuse of the saved activations it freed
-    (benchmarks/peak_parts.py, PEAK_PARTS_TRACE=1, H200: Llama-3.2-1B compiled whole, bf16 s1024 b4, 12.01 GiB of
-    segments, 8.99 alive at most; fp32 s2048 b2, 14.21 and 12.84; GPT-2 small s1024 b4, 2.32 and 2.07)."""
-    backward = acts + head_grad_kept(w) + GRAPH_POOL_OWN_GRADIENTS * _grads(w) + _backward_temps(w, act)
+    (benchmarks/probes/peak_parts.py with PEAK_PARTS_TRACE=1 shows both)."""
+    backward = acts + head_grad_kept(w) + CAL.graph_pool_own_gradients * _grads(w) + _backward_temps(w, act)
     return max(acts + loss, backward)
 
 
 def _evaluation_temps(w: Workload) -> float:
     """An evaluation's eager forward under no_grad (trainer.hooks.evaluate): an fp32 head cast to the compute dtype
     (autocast without its cache casts one weight at a time; a LoRA base already computes in it), a chunk of logits
-    in the compute dtype and in fp32, and one block's temporaries (measured on an H100, benchmarks/peak_parts.py:
-    +0.70 GiB for Llama-3.2-1B s1024 b4, +0.24 for GPT-2 small, above the step's gradients, states and pool)."""
+    in the compute dtype and in fp32, and one block's temporaries, above the step's gradients, states and pool
+    (benchmarks/probes/peak_parts.py)."""
     s, cb = w.spec, w.compute_bytes
     inner = w.mlp_width
     cast = cb * w.counts.head if (w.autocast and w.full and w.residual_bytes == 4) else 0.0
@@ -275,20 +259,19 @@ def _grads_in_forward(w: Workload, grads: float) -> float:
     """Gradients alive through the forward. Accumulation keeps them across micro-batches. DDP keeps its buckets (the
     gradients' storage after the first step) and, measured, a second copy of the gradients when it communicates or
     accumulates."""
-    if w.strategy.name == "ddp":
+    if w.collectives == "all_reduce":
         return grads * (2 if w.world > 1 or w.cfg.grad_accum > 1 else 1)
-    if w.strategy.name == "fsdp" and w.cfg.grad_accum > 1:  # no_sync accumulates unsharded gradients
+    if w.collectives == "fsdp" and w.cfg.grad_accum > 1:  # no_sync accumulates unsharded gradients
         return w.compute_bytes * w.trainable
     return grads if w.cfg.grad_accum > 1 else 0.0
 
 
 def _weight_casts(w: Workload) -> float:
     """fp32 weights under autocast on one GPU, compiled: each block linear's bf16 copy, made in forward, is what its
-    backward multiplies by; without checkpointing the graph keeps it until then (Llama-3.2-1B full, fused AdamW,
-    on an H200: the backward's peak 2.3 GiB above what the rest explains, ~2 bytes a block parameter; foreach
-    AdamW's step peak hid it). Not added under DDP, whose records already fit (within 3%), nor FSDP2 (bf16
-    weights gathered per block)."""
-    whole_fp32 = w.full and w.autocast and w.strategy.name == "single"
+    backward multiplies by; without checkpointing the graph keeps it until then (about 2 bytes a block parameter
+    in the records; a foreach AdamW's larger step peak hid it). Not added under DDP, whose records fit without it,
+    nor FSDP2 (bf16 weights gathered per block)."""
+    whole_fp32 = w.full and w.autocast and w.strategy.one_process
     return 2 * w.counts.block_linears if (whole_fp32 and w.cfg.compile and not w.checkpointed_share) else 0.0
 
 
@@ -309,14 +292,14 @@ def memory(w: Workload) -> MemoryPlan:
     # backward: first the loss's gradients, then (once they are freed) the last block's temporaries
     backward = (persistent + grads_in_forward + acts + _backward_buffers(w)
                 + max(loss_backward, _head_grad_held(w) + _backward_temps(w, act)))
-    if w.strategy.name == "fsdp":  # the end of backward: every shard's gradient, the root's unsharded bf16 ones
+    if w.collectives == "fsdp":  # the end of backward: every shard's gradient, the root's unsharded bf16 ones
         # still to reduce, and the fp32 reduce-scatter input of the last block reduced
         root = w.counts.embeddings + (0 if w.counts.tied else w.counts.head)
         backward = max(backward, persistent + grads + (2 * root + 4 * w.counts.per_block) * w.full)
     step = persistent + grads + _step_temps(w)
     pools = 0.0
     if w.cuda_graphs:  # the graphs' pool, counted in full (phases: what lives outside it, and the pool)
-        pools = _graph_pool(w, acts, kept_loss + loss_transient, act) + CUDA_GRAPH_POOL_SLACK
+        pools = _graph_pool(w, acts, kept_loss + loss_transient, act) + CAL.cuda_graph_pool_slack
         outside = persistent + grads_in_forward  # accumulation's gradients live outside, added into (grads_kept)
         forward, backward, step = outside + pools, outside + pools, outside + pools + _step_temps(w)
     phases = {"forward": forward, "backward": backward, "step": step}
@@ -341,7 +324,8 @@ def memory(w: Workload) -> MemoryPlan:
         plan.host_bytes = 16 * w.trainable / w.sharded
     if w.activations_offloaded:  # pinned
         plan.host_bytes = saved
-    plan.context_bytes = CONTEXT_BYTES[1] if w.world == 1 and w.strategy.name == "single" else (
-        CONTEXT_BYTES["nccl"] if w.world == 1 else CONTEXT_BYTES["nccl-multi"])
-    plan.reserve_bytes = max(0.25 * GIB, RESERVE_FRACTION[w.strategy.name] * plan.peak_allocated)
+    context = CAL.context_bytes
+    plan.context_bytes = context[1] if w.world == 1 and w.strategy.one_process else (
+        context["nccl"] if w.world == 1 else context["nccl-multi"])
+    plan.reserve_bytes = max(CAL.reserve_floor_bytes, w.strategy.planner.reserve * plan.peak_allocated)
     return plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tunebench.choices import compile_scope
 from tunebench.document import Table
 from tunebench.format import config_label, fmt, gib, pct
 from tunebench.plan import Prediction
@@ -35,7 +36,7 @@ def summary_table(p: Prediction) -> Table:
     tab.add("step time", f"{t.seconds * 1e3:,.1f} ms  ({t.bound}-bound)")
     tab.add("MFU", pct(p.mfu))
     tab.add("hardware figures", p.hw.source)
-    whole = STRATEGIES[p.cfg.strategy].compile_scope(p.cfg) == "model"
+    whole = compile_scope(p.cfg, STRATEGIES[p.cfg.strategy]) == "model"
     if whole:
         tab.add("note", "the whole model compiled as one graph: its memory and host time fitted on GPT-2 small and "
                         "medium and Llama-3.2-1B on one GPU (DDP's host time on two)"
@@ -124,3 +125,19 @@ def compare_table(rows: Sequence[Any]) -> Table:
                 fmt(p.time.seconds * 1e3, ",.1f"), fmt(p.tokens_per_s, ",.0f"),
                 fmt(p.tokens_per_s / p.world, ",.0f"), pct(p.mfu), p.time.bound)
     return tab
+
+
+def calibration_tables() -> list[Table]:
+    """The planner's fitted constants (plan.calibration) and each strategy's own (its registry row)."""
+    from dataclasses import fields
+
+    from tunebench.plan.calibration import rows
+
+    tab = Table(["constant", "value", "unit", "fitted on"], title="the planner's calibration (plan/calibration.py)")
+    for name, value, unit, fitted_on in rows():
+        tab.add(name, str(value), unit, fitted_on)
+    facts = [f.name for f in fields(next(iter(STRATEGIES.values())).planner)]
+    per = Table(["strategy", *facts], title="each strategy's planner facts (strategies/__init__.py)")
+    for name, st in STRATEGIES.items():
+        per.add(name, *(str(getattr(st.planner, f)) for f in facts))
+    return [tab, per]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tunebench.choices import compile_scope, resolve, traces_whole_checkpoint
 from tunebench.config import RunConfig
 from tunebench.config.targets import split_targets
 from tunebench.errors import UserError
@@ -24,7 +25,7 @@ from tunebench.models.count import Counts, Linear, counts
 from tunebench.models.families import Experts, Family, experts_of, family_of, known
 from tunebench.models.families import refusal as family_refusal
 from tunebench.models.spec import ModelSpec, resolve_model
-from tunebench.strategies import STRATEGIES, Strategy, compiles_whole_model
+from tunebench.strategies import STRATEGIES, Strategy
 
 BlockKind = Literal["llama", "gpt2"]
 
@@ -83,9 +84,9 @@ class Workload:
 
     @property
     def recompute_traced(self) -> bool:
-        """Blocks recomputed whole have their checkpoint traced inside the compiled block (Strategy.
+        """Blocks recomputed whole have their checkpoint traced inside the compiled block (choices.
         traces_whole_checkpoint; QLoRA where its 4-bit linears are plain ops, as for keeps_matmuls)."""
-        if not (self.cfg.grad_ckpt and self.strategy.traces_whole_checkpoint(self.cfg)):
+        if not (self.cfg.grad_ckpt and traces_whole_checkpoint(self.cfg, self.strategy)):
             return False
         return self.cfg.method != "qlora" or self.fusable_4bit
 
@@ -97,7 +98,7 @@ class Workload:
     @property
     def whole_graph(self) -> bool:
         """The model and its loss compiled as one graph (compile_scope model, or auto where it means that)."""
-        return self.strategy.compile_scope(self.cfg) == "model"
+        return compile_scope(self.cfg, self.strategy) == "model"
 
     @property
     def cuda_graphs(self) -> bool:
@@ -108,14 +109,14 @@ class Workload:
     def fusable_4bit(self) -> bool:
         """QLoRA's 4-bit linears can be plain ops in a compiled block (models.nf4: uint8 weights, i.e. not under
         FSDP2 or DeepSpeed, which store them in another dtype)."""
-        return self.cfg.compile is True and self.strategy.name in ("single", "ddp")
+        return self.cfg.compile is True and self.whole_modules
 
     @property
     def keeps_matmuls(self) -> bool:
         """Checkpointed blocks keep their large matmuls' outputs. QLoRA's only where its 4-bit linears are plain
         ops in the compiled block (models.nf4: compiled, uint8 weights, i.e. not FSDP2 or DeepSpeed); elsewhere they
-        run inside bitsandbytes' autograd function, which compile's recompute cannot split, so they rerun
-        (measured: Mistral-7B QLoRA then kept only attention's and the adapters' outputs, 7.50 GiB against 6.21)."""
+        run inside bitsandbytes' autograd function, which compile's recompute cannot split, so they rerun and only
+        attention's and the adapters' outputs are kept."""
         if self.cfg.ckpt_keep != "matmuls":
             return False
         return self.cfg.method != "qlora" or self.fusable_4bit
@@ -171,6 +172,16 @@ class Workload:
         return self.strategy.deepspeed
 
     @property
+    def collectives(self) -> str:
+        """The pattern of the strategy's collectives and buffers (strategies.PlannerFacts)."""
+        return self.strategy.planner.collectives
+
+    @property
+    def whole_modules(self) -> bool:
+        """Each GPU holds the model as built, its own module's parameters (no sharding, no DeepSpeed casts)."""
+        return self.strategy.shards == "nothing" and not self.deepspeed
+
+    @property
     def offloaded(self) -> bool:
         """The optimizer steps on the host (DeepSpeed's offload): masters and Adam's state leave the GPU."""
         return self.deepspeed and self.cfg.offload == "optimizer"
@@ -193,14 +204,14 @@ class Workload:
     @property
     def residual_bytes(self) -> int:
         """Bytes per element of the residual stream: the dtype the embeddings and block outputs have."""
-        if self.fp32 or (self.full and not self.pure and self.strategy.name in ("single", "ddp")):
+        if self.fp32 or (self.full and not self.pure and self.whole_modules):
             return 4
         return 2
 
     @property
     def sharded(self) -> int:
         """How many GPUs share the model states (1 for replicated strategies)."""
-        return self.shard_group if self.strategy.name in ("fsdp", "zero2", "zero3") else 1
+        return self.shard_group if self.strategy.shards != "nothing" else 1
 
     @property
     def shard_group(self) -> int:
@@ -222,7 +233,7 @@ class Workload:
     @property
     def weights_sharded(self) -> int:
         """How many GPUs share the weights themselves (ZeRO-2 shards only gradients and optimizer state)."""
-        return self.shard_group if self.strategy.name in ("fsdp", "zero3") else 1
+        return self.shard_group if self.strategy.shards == "everything" else 1
 
     @property
     def fused_head(self) -> bool:
@@ -276,7 +287,7 @@ def workload(cfg: RunConfig, world: int, evaluates: bool = False) -> Workload:
     strategy.check(cfg, world, packages=False)
     if why := family_refusal(spec.shape, cfg.method, cfg.strategy, bool(split_targets(cfg.lora_targets)[1])):
         raise UserError(f"invalid {why[0]}={why[1]}: {why[2]}")
-    cfg = cfg.resolved("cuda", c.per_block, compiles_whole_model(cfg))
+    cfg = resolve(cfg, strategy, "cuda", c.per_block)
     targets, factors = ((), ()) if cfg.method == "full" else lora_targets(c, cfg.lora_targets, cfg.method == "qlora")
     return Workload(cfg, spec, c, strategy, world, _kind(family), targets, evaluates, family,
                     experts_of(spec.shape, spec.num_layers), tuple(f * cfg.lora_rank for f in factors))

@@ -1,8 +1,9 @@
 """Distributed strategies: a registry of what each one is, refuses and needs; each wraps the model in its module.
 
 A strategy is one module here with ``apply(module, blocks, cfg, device, world_size, **options) ->
-TrainStep`` plus one line in STRATEGIES. The registry itself imports no torch, so input checks,
-deployments and the README's method x strategy matrix (`matrix_markdown`) read it for free.
+TrainStep`` plus one row in STRATEGIES: what it is, refuses and shards, and what the planner needs of it
+(PlannerFacts). The registry itself imports no torch, so input checks, deployments, the planner and the
+docs' method x strategy matrix (`matrix_markdown`) read it for free.
 """
 
 from __future__ import annotations
@@ -10,18 +11,37 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from tunebench.choices import check_cuda_graphs
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
-from tunebench.config.run import whole_model_by_default
 from tunebench.errors import UserError, require
 
 METHODS = ("full", "lora", "qlora")
 
 
-def compiles_whole_model(cfg: RunConfig) -> bool:
-    """Compiling `cfg` (compile on or auto) would compile the whole model as one graph."""
-    return STRATEGIES[cfg.strategy].compile_scope(cfg.model_copy(update={"compile": True})) == "model"
+@dataclass(frozen=True)
+class PlannerFacts:
+    """What the planner (tunebench.plan) knows of a strategy: the pattern of its collectives and buffers, and its
+    constants fitted on the GPU records (tests/data/planner; figures in benchmarks/results/planner.md)."""
+
+    # the collectives and buffers plan.speed and plan.memory model: none (one process), all_reduce (gradients in
+    # buckets), fsdp (weights gathered per block, gradients reduce-scattered), zero2 (gradients reduce-scattered
+    # through buckets, weights all-gathered after the step), zero3 (parameters fetched per module)
+    collectives: Literal["none", "all_reduce", "fsdp", "zero2", "zero3"]
+    reserve: float  # the allocator's reserve beyond the peak, a share of it (freed blocks kept, fragmentation)
+    host_per_block_s: float  # the host's seconds per block and micro-batch, eager (calls, hooks)
+    overlap: float  # the share of the compute its collectives hide behind
+    compiled_blocks_host: bool  # blocks compiled apart: their host cost is calibration's host_per_compiled_block_s
+    # bytes the optimizer's step moves per trained parameter, by optimizer, where they differ from calibration's
+    optimizer_bytes: Mapping[str, int] = field(default_factory=dict)
+    launch_gaps: float | None = None  # share of the shorter of GPU and host time that shows (None: calibration's)
+    collective_latency_per_block_s: float = 0.0  # the per-block collectives' latency, on more than one GPU
+    host_per_adapter_s: float = 0.0  # more host time per adapted linear and pass (hooks on every adapter module)
+    whole_graph_host_per_block_s: float = 0.0  # more host time per block where the whole model is one graph
+
+
+UNSHARDED_ADAMW = {"adamw": 86, "adamw_fused": 45}  # torch's AdamW over whole tensors (profiled kernels)
 
 
 @dataclass(frozen=True)
@@ -29,6 +49,9 @@ class Strategy:
     name: str
     summary: str
     module: str  # tunebench.strategies.<module>.apply wraps the model
+    planner: PlannerFacts  # what plan and tune need to predict it (every strategy has them: tests check)
+    # what it splits over its processes: nothing (replicas), the gradients and optimizer state, or everything
+    shards: Literal["nothing", "states", "everything"] = "nothing"
     options: Mapping[str, Any] = field(default_factory=dict)  # passed to apply
     one_process: bool = False  # exactly one process (no torch.distributed)
     refuses: Mapping[str, str] = field(default_factory=dict)  # method -> why it is refused
@@ -58,28 +81,13 @@ class Strategy:
         return not self.gathers_per_module
 
     def partitions_at_init(self, cfg: RunConfig) -> bool:
-        # a QLoRA base is built whole and packed (a quarter of bf16's bytes: 35 GiB for 70B), then partitioned:
+        # a QLoRA base is built whole and packed (a quarter of bf16's bytes), then partitioned:
         # bitsandbytes quantizes a weight when it moves to the GPU, which zero.Init's partitioning skips
         return self.partitioned_init and cfg.method != "qlora"
 
     def partitioning(self, cfg: RunConfig, world_size: int) -> Any:
         """The context the model is built in when `partitions_at_init`."""
         return importlib.import_module(f"{__name__}.{self.module}").partitioning(cfg, world_size, **self.options)
-
-    def compile_scope(self, cfg: RunConfig) -> str | None:
-        """What `compile` compiles for this run (`cfg` resolved for its device): None (eager), "blocks" or "model"."""
-        if cfg.compile is not True:
-            return None
-        if cfg.compile_scope != "auto":
-            return cfg.compile_scope
-        return "model" if self.whole_compile and whole_model_by_default(cfg) else "blocks"
-
-    def traces_whole_checkpoint(self, cfg: RunConfig) -> bool:
-        """Blocks recomputed whole get their checkpoint traced inside the compiled block (ckpt_traced, compiled per
-        block); float8's too (torchao's matmuls: the forward keeps only the blocks' inputs, measured on an H200;
-        a frozen base's: models.float8_frozen.recomputed_product). Not where parameters are gathered inside each
-        module's forward (ZeRO-3): not measured so."""
-        return cfg.ckpt_traced and self.compile_scope(cfg) == "blocks" and not self.gathers_per_module
 
     def check(self, cfg: RunConfig, world_size: int, packages: bool = True) -> None:
         """Refuse (UserError, one line) what this strategy cannot run, before anything is built.
@@ -95,7 +103,7 @@ class Strategy:
             raise UserError(f"invalid compile_scope=model with strategy={self.name}: its hooks run between blocks; "
                             "use compile_scope=blocks (or strategy=single or ddp)")
         if cfg.cuda_graphs is True:
-            self._check_cuda_graphs(cfg)
+            check_cuda_graphs(cfg, self)
         if self.deepspeed and cfg.precision == "bf16-pure":
             raise UserError(f"invalid precision=bf16-pure with strategy={self.name}: DeepSpeed's bf16 mode keeps fp32 "
                             "master weights in its optimizer; use precision=bf16 (it already computes in bf16)")
@@ -134,23 +142,6 @@ class Strategy:
         if self.deepspeed and packages:
             require("deepspeed", f"strategy={self.name}", "pip install --no-build-isolation deepspeed")
 
-    def _check_cuda_graphs(self, cfg: RunConfig) -> None:
-        """cuda_graphs=true replays one graph of the whole model in one process: nothing else was built or measured
-        (per-block graphs left CUDA graphs' fast path on an H200, no gain; under DDP its hooks run between the
-        graph's pieces)."""
-        why = None
-        if self.name != "single":
-            why = f"with strategy={self.name}: CUDA graphs replay the whole model's graph in one process (single)"
-        elif cfg.compile is False:
-            why = "with compile=false: CUDA graphs replay the compiled graph (use compile on or auto)"
-        elif self.compile_scope(cfg.model_copy(update={"compile": True})) != "model":
-            why = (f"with compile_scope={cfg.compile_scope}: CUDA graphs replay the whole model as one graph (use "
-                   "compile_scope=model); per-block graphs measured no faster so")
-        elif cfg.offload != "none":
-            why = f"with offload={cfg.offload}: its copies to host memory run from Python, between the kernels"
-        if why:
-            raise UserError(f"invalid cuda_graphs=true {why}")
-
     def wrap(self, module: Any, blocks: Any, cfg: RunConfig, device: Any, world_size: int,
              materialize: Any = None) -> Any:
         """Wrap `module` (the model with its loss) and build its optimizer: an engine.step.TrainStep.
@@ -161,14 +152,25 @@ class Strategy:
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("single", "one process, no wrapping", "single", one_process=True, whole_compile=True),
-    Strategy("ddp", "PyTorch DDP: full replicas, gradients all-reduced in buckets", "ddp", whole_compile=True),
+    Strategy("single", "one process, no wrapping", "single",
+             PlannerFacts("none", reserve=0.08, host_per_block_s=0.8e-3, overlap=0.0, compiled_blocks_host=True,
+                          optimizer_bytes=UNSHARDED_ADAMW),
+             one_process=True, whole_compile=True),
+    Strategy("ddp", "PyTorch DDP: full replicas, gradients all-reduced in buckets", "ddp",
+             PlannerFacts("all_reduce", reserve=0.06, host_per_block_s=0.8e-3, overlap=0.8, compiled_blocks_host=True,
+                          optimizer_bytes=UNSHARDED_ADAMW, whole_graph_host_per_block_s=1.2e-3),
+             whole_compile=True),
     Strategy("fsdp", "FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded", "fsdp",
-             meta_init=True),
-    Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero", {"stage": 2},
-             deepspeed=True),
-    Strategy("zero3", "DeepSpeed ZeRO-3: parameters sharded too", "zero", {"stage": 3},
-             gathers_per_module=True, deepspeed=True, partitioned_init=True),
+             PlannerFacts("fsdp", reserve=0.3, host_per_block_s=2.7e-3, overlap=0.7, compiled_blocks_host=False,
+                          optimizer_bytes={"adamw": 136, "adamw_fused": 95}, collective_latency_per_block_s=0.5e-3),
+             shards="everything", meta_init=True),
+    Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero",
+             PlannerFacts("zero2", reserve=0.15, host_per_block_s=0.8e-3, overlap=0.7, compiled_blocks_host=True),
+             options={"stage": 2}, shards="states", deepspeed=True),
+    Strategy("zero3", "DeepSpeed ZeRO-3: parameters sharded too", "zero",
+             PlannerFacts("zero3", reserve=0.2, host_per_block_s=6.2e-3, overlap=0.5, compiled_blocks_host=False,
+                          launch_gaps=0.45, collective_latency_per_block_s=0.3e-3, host_per_adapter_s=2.6e-3),
+             options={"stage": 3}, shards="everything", gathers_per_module=True, deepspeed=True, partitioned_init=True),
 )}
 
 
@@ -179,7 +181,7 @@ def check_strategy(cfg: RunConfig, world_size: int) -> Strategy:
 
 
 def matrix_markdown() -> str:
-    """The README's method x strategy table, from the registry."""
+    """The method x strategy table of docs/distributed.md, from the registry."""
     names = list(STRATEGIES)
     head = {"fsdp": "fsdp (FSDP2)"}
     lines = ["| method \\ strategy | " + " | ".join(head.get(n, n) for n in names) + " |",

@@ -11,9 +11,9 @@ from tunebench.engine.optim import build_optimizer, param_groups
 from tunebench.engine.step import TrainStep, torch_step
 from tunebench.strategies.state import Replicated
 
-# 100 MB buckets, not DDP's 25: fewer all-reduces, and fewer pieces of the graph dynamo cuts at each bucket. On 4
-# H200s TinyGPT compiled whole took 43.58 ms a step against 44.67 (one GPU: 41.77 against 42.00), Llama-3.2-1B ran
-# 2.1% faster; at 250 MB the step took 43.95 ms: less of the all-reduce overlaps the backward.
+# 100 MB buckets, not DDP's 25: fewer all-reduces, and fewer pieces of the graph dynamo cuts at each bucket (faster
+# where measured: benchmarks/results/distributed.md). Larger buckets are slower again: less of the all-reduce
+# overlaps the backward.
 BUCKET_MB = 100
 
 

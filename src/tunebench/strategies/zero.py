@@ -44,8 +44,8 @@ def ds_config(cfg: RunConfig, stage: int, world_size: int) -> dict:
 
 
 def _skip_shm_build() -> None:
-    """DeepSpeed's communicator JIT-compiles a shared-memory all-reduce for the CPU when it starts (27 s on a
-    fresh 2-core machine) that only its inference all-reduce uses; training's collectives go through
+    """DeepSpeed's communicator JIT-compiles a shared-memory all-reduce for the CPU when it starts (a C++ build,
+    slow on a small machine) that only its inference all-reduce uses; training's collectives go through
     torch.distributed. Marked incompatible, it is not built (on GPUs there is no such op to build)."""
     import deepspeed.ops
 

@@ -81,8 +81,9 @@ def cfg_refused(strategy, base: RunConfig, world: int) -> bool:
 
 def float8_levers(base: RunConfig, fp8_gpu: bool, torchao: bool) -> tuple[str, ...]:
     """The float8 settings worth trying here: tensorwise beside the config's own for a full fine-tune on a GPU with
-    float8 tensor cores (measured 1.32-1.35x bf16 on Llama-3-8B, rowwise 1.22x: not tried), where torchao is. A
-    LoRA/QLoRA base in float8 (rowwise, 1.2-1.26x on Mistral-7B) is not tried: its rounding is asked for."""
+    float8 tensor cores (faster than bf16 where measured; rowwise less so, not tried;
+    benchmarks/results/full-finetune.md), where torchao is. A LoRA/QLoRA base in float8 (rowwise, faster too) is not
+    tried: its rounding is asked for."""
     if base.method == "full" and fp8_gpu and torchao:
         return tuple(dict.fromkeys((base.float8, "tensorwise")))
     return (base.float8,)

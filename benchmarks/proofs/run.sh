@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The GPU proofs of one topic, on a machine with GPUs, from the repository's root (figures: benchmarks/results/):
+#   bash benchmarks/proofs/run.sh TOPIC
+# TOPIC: one of the `case` below. It runs `tunebench sweep benchmarks/proofs/TOPIC.yaml` where that file exists
+# (records exported to $OUT/TOPIC.jsonl), then its comparisons (benchmarks/compare/: each side its own process, the
+# ratio printed). Wheels carried in .whl/ are installed first (.whl/unsloth-site.tgz: Unsloth's packages). Knobs:
+#   ONLY=sweep|compare  one half only;  OUT  outputs and the results store (/tmp/tunebench-out)
+#   SEQ, BATCH, STEPS, WARMUP, NPROC  laid over every configuration of the sweep (--set) and the comparisons
+#   families: MODELS (qwen3-8b), METHODS (lora qlora), TARGETS (all-linear), CHECKS (family_checks.py's; none),
+#     NOHF=1 tunebench alone, NOOURS=1 HF alone, NOPREP=1 HF's QLoRA without peft's kbit preparation,
+#     HFATTN the HF side's attention, NAME a suffix for the output files
+set -uo pipefail
+topic=${1:?usage: bash benchmarks/proofs/run.sh TOPIC (see the head of this file)}
+OUT=${OUT:-/tmp/tunebench-out}; mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD/src TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TUNEBENCH_STORE=$OUT/results.db
+unset PYTHONDONTWRITEBYTECODE  # an image without bytecode compiles torch from source in every process: cache it aside
+export PYTHONPYCACHEPREFIX=/tmp/pycache
+tb() { python3 -m tunebench.cli "$@"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+sets=()
+for kv in seq_len=${SEQ:-} batch_size=${BATCH:-} steps=${STEPS:-} warmup=${WARMUP:-} nproc_per_node=${NPROC:-}; do
+  [ -n "${kv#*=}" ] && sets+=(--set "$kv")
+done
+shape() { echo "--seq-len ${SEQ:-$1} --batch-size ${BATCH:-$2} --steps ${STEPS:-$3} --warmup ${WARMUP:-$4}"; }
+
+if [ "${ONLY:-sweep}" = sweep ] && [ -f "benchmarks/proofs/$topic.yaml" ]; then
+  tb sweep "benchmarks/proofs/$topic.yaml" ${sets[@]+"${sets[@]}"} --run-timeout 900 2>&1 | grep -v "step [0-9]*/"
+  tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null
+fi
+[ "${ONLY:-compare}" = compare ] || exit 0
+
+case "$topic" in
+qlora-lora)  # Mistral-7B against HF Trainer + PEFT (+ bitsandbytes), checkpointed as HF is; the kernels alone
+  S=$(shape 512 8 24 8)
+  python3 benchmarks/compare/vs_hf_trainer.py --method qlora $S --ours ckpt,ckpt+mm1/8,none,ckpt+off \
+    --out "$OUT/vs_hf_trainer_qlora.json" 2>&1 | tail -n 12
+  python3 benchmarks/compare/vs_hf_trainer.py --method qlora $S --ours ckpt/f8,ckpt+mm1/8/f8,none/f8 \
+    --out "$OUT/vs_hf_trainer_qlora_f8.json" 2>&1 | tail -n 10
+  python3 benchmarks/compare/vs_hf_trainer.py --method lora $S --ours ckpt,none,ckpt/f8,none/f8 \
+    --out "$OUT/vs_hf_trainer_lora.json" 2>&1 | tail -n 10
+  if [ -f .whl/unsloth-site.tgz ]; then  # Unsloth's packages, carried apart (its web studio left out)
+    mkdir -p /tmp/usite && tar xzf .whl/unsloth-site.tgz -C /tmp/usite
+    UNSLOTH_SITE=/tmp/usite python3 benchmarks/compare/vs_hf_trainer.py --method qlora $S --ours ckpt --unsloth \
+      --out "$OUT/vs_unsloth_qlora.json" 2>&1 | tail -n 10
+  fi
+  python3 benchmarks/compare/kernels_vs.py --out "$OUT/kernels_vs.json" 2>&1 | grep -E "fwd\+bwd|device|rror"
+  python3 benchmarks/compare/dequant_vs.py --out "$OUT/dequant_vs.json" 2>&1 | tail -n 12
+  ;;
+full-finetune)  # GPT-2 small against plain torch.compile, with GPT-2's dropout and without; eager, per block and
+  # whole model train alike (losses step by step)
+  python3 benchmarks/compare/vs_plain_gpt.py \
+    --sides plain-compile,ours-model,plain-compile-nodrop,ours-model-pure-nodrop --out "$OUT/vs_plain_gpt.json" \
+    2>&1 | tail -n 8
+  python3 benchmarks/probes/scope_losses.py --steps 8 2>&1 | grep "^fp32\|^bf16"
+  ;;
+distributed-2gpu)  # Llama-3-8B FSDP2 (per-block checkpointing) and TinyGPT DDP against the plain scripts
+  python3 benchmarks/compare/vs_plain_fsdp.py --gpus "${NPROC:-2}" --sides plain-ckpt,ours-ckpt --batch-size 2 \
+    --steps 15 --warmup 5 --side-timeout 200 --out "$OUT/vs_plain_fsdp.json" 2>&1 | tail -n 4
+  python3 benchmarks/compare/vs_plain_ddp.py --gpus "1,${NPROC:-2}" --sides plain-ddp,ours-ddp \
+    --out "$OUT/vs_plain_ddp.json" 2>&1 | tail -n 6
+  ;;
+distributed-4gpu)  # TinyGPT DDP and ZeRO-2 against the plain scripts, 1 -> NPROC GPUs; Llama-3-8B FSDP2 against
+  # the plain FSDP2 script, without checkpointing (both orders) and with it
+  python3 benchmarks/compare/vs_plain_ddp.py --gpus "1,${NPROC:-4}" --sides plain-ddp,ours-ddp,plain-zero2,ours-zero2 \
+    --out "$OUT/vs_plain_ddp.json" 2>&1 | tail -n 12
+  for sides in ours,plain plain,ours plain-ckpt,ours-ckpt; do
+    python3 benchmarks/compare/vs_plain_fsdp.py --gpus "${NPROC:-4}" --sides $sides --batch-size 2 --steps 20 \
+      --warmup 5 --side-timeout 200 --out "$OUT/vs_plain_fsdp_${sides/,/_}.json" 2>&1 | tail -n 4
+  done
+  python3 benchmarks/probes/multinode_estimate.py
+  ;;
+families)  # each family's GPU paths against transformers', then LoRA and QLoRA against HF Trainer + PEFT
+  CHECKS=${CHECKS-flex,packed,experts,softcap,compiled}
+  [ "$CHECKS" = none ] || python3 benchmarks/compare/family_checks.py --checks "$CHECKS" \
+    --out "$OUT/family_checks.json" 2>&1 | grep -E '^\{' | cut -c1-400
+  for m in ${MODELS:-qwen3-8b}; do
+    for meth in ${METHODS:-lora qlora}; do
+      python3 benchmarks/compare/vs_hf_trainer.py --model "$m" --method "$meth" $(shape 512 8 20 8) \
+        --targets "${TARGETS:-all-linear}" ${NOHF:+--no-hf} ${NOOURS:+--no-ours} ${NOPREP:+--no-hf-kbit-prep} \
+        ${HFATTN:+--hf-attn "$HFATTN"} --out "$OUT/fam_${m}_${meth}${NAME:-}.json" 2>&1 | tail -n 9
+    done
+  done
+  ;;
+planner-check)  # each record's prediction against what it measured (the sweep above stored both)
+  tb report --out "$OUT/report" > /dev/null && sed -n '/^## Planner/,/^## [^P]/p' "$OUT/report/report.md" ;;
+hardware-inference)  # tunebench hw (collectives too where there are several GPUs), load, infer; HF generate
+  tb hw --tag proof
+  tb load --model mistral-7b --precisions bf16,fp16,int8,nf4 --tag proof
+  tb infer --model mistral-7b --precisions bf16,nf4 --batch-sizes 1,8,32,64 --repeats 2 --tag proof
+  tb infer --model mistral-7b --precisions bf16,nf4 --batch-sizes 1,8,32 --kv-cache static --compile --tag proof
+  python3 benchmarks/compare/vs_hf_generate.py --model mistral-7b --precisions bf16,nf4 --batch-sizes 1,8,32 \
+    --repeats 2 --out "$OUT/vs_hf_generate.json"
+  python3 benchmarks/probes/telemetry_overhead.py --pairs 3
+  tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null
+  ;;
+training-jobs)  # tunebench train on the standard library's sources: from scratch; QLoRA train against run
+  export TUNEBENCH_CACHE=/tmp/tbcache
+  python3 benchmarks/probes/stdlib_corpus.py /tmp/corpus --vocab 32000 > /dev/null
+  C="--tokenizer /tmp/corpus/tokenizer --data /tmp/corpus/stdlib.jsonl --tag proof-training-jobs"
+  tb train --model tinygpt-124m $C --seq-len "${SEQ:-1024}" --batch-size "${BATCH:-4}" --max-steps "${STEPS:-120}" \
+    --warmup-steps 20 --grad-accum 2 --lr 1e-3 --precision bf16 --dropout 0 --eval-fraction 0.02 --eval-every 60 \
+    --eval-batches 10 --log-every 20 --output-dir /tmp/gpt2-job 2>&1 | grep -E "^train:|^eval:|tokens/s  |rror"
+  Q="--model mistral-7b --method qlora --seq-len 512 --batch-size 8 --grad-ckpt --optimizer paged_adamw_8bit"
+  tb run $Q --steps 60 --warmup 15 --tag proof-training-jobs 2>&1 | grep "tokens/s  \|step time"
+  tb train $Q $C --max-steps 60 --warmup 15 --no-packing --log-every 60 --output-dir /tmp/q-job 2>&1 \
+    | grep "^train:\|tokens/s  \|step time"
+  if [ "${NPROC:-1}" -ge 2 ]; then  # FSDP2 on NPROC GPUs, stopped by SIGTERM at step 30, resumed
+    F="--model llama-3.2-1b $C --strategy fsdp --nproc-per-node $NPROC --seq-len 1024 --batch-size 8 --max-steps 60"
+    F="$F --save-every 20 --log-every 5 --eval-fraction 0.02 --eval-every 30 --eval-batches 10 --output-dir /tmp/fsdp"
+    rm -rf /tmp/fsdp
+    python3 -m tunebench.cli train $F > "$OUT/fsdp-first.log" 2>&1 & job=$!
+    until grep -q "train: step 3[0-9]/60" "$OUT/fsdp-first.log" || ! kill -0 $job 2>/dev/null; do sleep 1; done
+    kill -TERM $job; wait $job; echo "first part exited with code $? (75: stopped by the signal, checkpoint saved)"
+    tb train $F --resume latest 2>&1 | grep "^train:\|^eval:\|resum"
+  fi
+  ;;
+gpu-tests)  # the tests that run on a GPU only (skipped on the CPU)
+  python3 -m pytest -q -p no:cacheprovider tests/test_{loss,optim,nf4,offload,lora_siblings,attn_kernel}.py \
+    tests/test_{float8_frozen,compile,models,attention,tf32,packed_attention,families,recompute}.py 2>&1 | tail -n 4 ;;
+*) echo "unknown topic $topic: see the case in benchmarks/proofs/run.sh" >&2; exit 2 ;;
+esac
