@@ -5,7 +5,8 @@
 # (records exported to $OUT/TOPIC.jsonl), then its comparisons (benchmarks/compare/: each side its own process, the
 # ratio printed). Wheels carried in .whl/ are installed first (.whl/unsloth-site.tgz: Unsloth's packages). Knobs:
 #   ONLY=sweep|compare  one half only;  OUT  outputs and the results store (/tmp/tunebench-out)
-#   SEQ, BATCH, STEPS, WARMUP, NPROC  laid over every configuration of the sweep (--set) and the comparisons
+#   SEQ, BATCH, STEPS, WARMUP  laid over every configuration of the sweep (--set) and the comparisons; NPROC: the
+#   comparisons' GPUs (each suite names its own)
 #   families: MODELS (qwen3-8b), METHODS (lora qlora), TARGETS (all-linear), CHECKS (family_checks.py's; none),
 #     NOHF=1 tunebench alone, NOOURS=1 HF alone, NOPREP=1 HF's QLoRA without peft's kbit preparation,
 #     HFATTN the HF side's attention, NAME a suffix for the output files
@@ -24,7 +25,7 @@ tb() { python3 -m tunebench.cli "$@"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 sets=()
-for kv in seq_len=${SEQ:-} batch_size=${BATCH:-} steps=${STEPS:-} warmup=${WARMUP:-} nproc_per_node=${NPROC:-}; do
+for kv in seq_len=${SEQ:-} batch_size=${BATCH:-} steps=${STEPS:-} warmup=${WARMUP:-}; do  # GPUs: the suite's
   [ -n "${kv#*=}" ] && sets+=(--set "$kv")
 done
 shape() { echo "--seq-len ${SEQ:-$1} --batch-size ${BATCH:-$2} --steps ${STEPS:-$3} --warmup ${WARMUP:-$4}"; }

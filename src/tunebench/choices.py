@@ -39,8 +39,14 @@ class Compiles(Protocol):
     """What a strategy (strategies.Strategy) says of compiling under it."""
 
     name: str
+    one_process: bool  # exactly one process
     whole_compile: bool  # the model and its loss can be one graph
-    gathers_per_module: bool  # parameters exist only inside their own module's forward
+    gathers_per_module: bool  # parameters exist only inside their own module's forward (fetched there)
+
+
+def precision_for(device_type: str) -> str:
+    """precision=auto: bf16 on GPUs; fp32 on the CPU, where bf16 matmuls run several times slower than fp32's."""
+    return "bf16" if device_type == "cuda" else "fp32"
 
 
 def whole_model_by_default(cfg: RunConfig) -> bool:
@@ -55,10 +61,11 @@ def scope_if_compiled(cfg: RunConfig, strategy: Compiles) -> Scope:
     return "model" if strategy.whole_compile and whole_model_by_default(cfg) else "blocks"
 
 
-def _compiles(cfg: RunConfig, device_type: str, scope: Scope, block_params: int | None) -> bool:
+def _compiles(cfg: RunConfig, strategy: Compiles, device_type: str, scope: Scope,
+              block_params: int | None) -> bool:
     if cfg.compile != "auto":
         return cfg.compile
-    if device_type != "cuda" or cfg.strategy == "zero3":
+    if device_type != "cuda" or strategy.gathers_per_module:
         return False
     work = None if block_params is None else cfg.batch_size * cfg.seq_len * block_params
     return scope == "model" or work is None or work >= COMPILE_MIN_WORK
@@ -72,14 +79,14 @@ def resolve(cfg: RunConfig, strategy: Compiles, device_type: str, block_params: 
     scope = scope_if_compiled(cfg, strategy)
     update: dict[str, Any] = {}
     if cfg.precision == "auto":
-        update["precision"] = "bf16" if device_type == "cuda" else "fp32"
-    compiled = _compiles(cfg, device_type, scope, block_params)
+        update["precision"] = precision_for(device_type)
+    compiled = _compiles(cfg, strategy, device_type, scope, block_params)
     if cfg.compile == "auto":
         update["compile"] = compiled
     if compiled and cfg.compile_scope == "auto":
         update["compile_scope"] = scope
     if cfg.cuda_graphs == "auto":
-        update["cuda_graphs"] = (device_type == "cuda" and compiled and scope == "model" and strategy.name == "single"
+        update["cuda_graphs"] = (device_type == "cuda" and compiled and scope == "model" and strategy.one_process
                                  and whole_model_by_default(cfg))
     return cfg.model_copy(update=update) if update else cfg
 
@@ -99,7 +106,7 @@ def check_cuda_graphs(cfg: RunConfig, strategy: Compiles) -> None:
     """cuda_graphs=true replays one graph of the whole model in one process: nothing else was built (per-block graphs
     measured no faster; under DDP its hooks run between the graph's pieces)."""
     why = None
-    if strategy.name != "single":
+    if not strategy.one_process:
         why = f"with strategy={strategy.name}: CUDA graphs replay the whole model's graph in one process (single)"
     elif cfg.compile is False:
         why = "with compile=false: CUDA graphs replay the compiled graph (use compile on or auto)"

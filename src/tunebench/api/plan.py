@@ -60,7 +60,7 @@ def default_world(cfg: RunConfig, detected: int) -> int:
     """The config's own process count, else every detected GPU for a distributed strategy, else one."""
     if cfg.nproc_per_node:
         return cfg.nproc_per_node * cfg.nnodes
-    if cfg.strategy == "single":
+    if STRATEGIES[cfg.strategy].one_process:
         return 1
     return max(detected, 1) * cfg.nnodes
 
@@ -89,7 +89,7 @@ def compare(cfg: RunConfig, gpu: str | None = None, worlds: list[int] | None = N
     rows = []
     for name in strategies or list(STRATEGIES):
         for world in worlds or DEFAULT_WORLDS:
-            if name == "single" and world > 1:
+            if STRATEGIES[name].one_process and world > 1:
                 continue
             try:
                 variant = cfg.model_copy(update={"strategy": name, "nproc_per_node": world // cfg.nnodes or 1})

@@ -79,11 +79,12 @@ class RunConfig(BaseModel):
         "auto", description="with attn sdpa, training: the kernel SDPA tries first (auto: PyTorch's order)",
         json_schema_extra=LATER)
     compile: bool | Literal["auto"] = Field(
-        "auto", description="torch.compile (its time is reported apart); auto: on for GPU training, off on the CPU "
-                            "and under zero3 (tunebench.choices)")
+        "auto", description="torch.compile (its time is reported apart); auto: on for GPU training where a block has "
+                            "enough work, off on the CPU and under zero3 (tunebench.choices)")
     compile_scope: Literal["auto", "blocks", "model"] = Field(
         "auto", description="compile each block apart, or the whole model and its loss as one graph (single, ddp); "
-                            "auto: model for full fine-tuning without checkpointing", json_schema_extra=LATER)
+                            "auto: model for full fine-tuning without checkpointing, float8 or offload",
+        json_schema_extra=LATER)
     cuda_graphs: bool | Literal["auto"] = Field(
         "auto", description="replay the whole compiled model's passes as CUDA graphs (strategy single); auto: on "
                             "where compile_scope auto means model", json_schema_extra=LATER)

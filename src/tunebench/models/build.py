@@ -23,6 +23,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
+from tunebench.choices import precision_for
 from tunebench.config import RunConfig
 from tunebench.models.attention import sdpa_causal
 from tunebench.models.experts import use_autocast_experts
@@ -82,10 +83,10 @@ def train_weights(cfg: RunConfig, float_storage: bool = False) -> Weights:
                    cfg.attn, cfg.seed, storage=storage, dropout=cfg.dropout)
 
 
-def _made(cfg: RunConfig) -> RunConfig:
-    """A run's config builds only once its 'auto' choices are made (tunebench.choices.resolve, in preflight)."""
+def _made(cfg: RunConfig, device: torch.device) -> RunConfig:
+    """The config with its precision made for `device` (preflight made it already for a run: tunebench.choices)."""
     if cfg.precision == "auto":
-        raise ValueError("precision=auto: build from the config preflight resolved (tunebench.choices.resolve)")
+        return cfg.model_copy(update={"precision": precision_for(device.type)})
     return cfg
 
 
@@ -304,7 +305,7 @@ def _float8(model: PreTrainedModel, cfg: RunConfig) -> None:
 def build_meta(spec: ModelSpec, cfg: RunConfig, device: torch.device) -> MetaBuild:
     """The training model of `cfg` on meta, for a strategy that shards it before any weight exists. A QLoRA
     base gets 4-bit layers whose packed bytes are stored in the dtype the strategy computes in (models.sharded4bit)."""
-    w = train_weights(_made(cfg), float_storage=True)
+    w = train_weights(_made(cfg, device), float_storage=True)
     model = load_meta_model(spec, w, device.type)
     source = SafetensorsRows(spec.path) if spec.has_weights else None
     if not w.quant:
@@ -325,7 +326,7 @@ def build_partitioned(spec: ModelSpec, cfg: RunConfig, device: torch.device,
     drawn yet: `models.shards.fill_partitions` fills each rank's partitions as an unsharded build would."""
     from transformers.initialization import no_init_weights
 
-    w = train_weights(_made(cfg))
+    w = train_weights(_made(cfg, device))
     with no_init_weights():  # Hugging Face's init would index the empty partitions (an embedding's padding row)
         model = _from_config(spec, w, partitioning, device.type)
     source = SafetensorsRows(spec.path) if spec.has_weights else None
@@ -336,6 +337,6 @@ def build_model(spec: ModelSpec, cfg: RunConfig, device: torch.device,
                 progress: Callable[[float], None] | None = None,
                 float_storage: bool = False) -> tuple[PreTrainedModel, str]:
     """The training model of a run configuration on `device` (`float_storage`: see train_weights)."""
-    model, weights = build(spec, train_weights(_made(cfg), float_storage), device, progress)
+    model, weights = build(spec, train_weights(_made(cfg, device), float_storage), device, progress)
     _float8(model, cfg)
     return model, weights

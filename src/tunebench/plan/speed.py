@@ -39,7 +39,8 @@ class StepTime:
 
 def matmul_efficiency(hidden: int, tokens: int) -> float:
     """Fraction of the matmul ceiling the model's GEMMs reach: narrow layers and short micro-batches fall below it."""
-    return max(0.05, 0.93 / (1 + (CAL.narrow_hidden / hidden) ** 5)) * tokens / (tokens + CAL.matmul_half_tokens)
+    wide = max(CAL.gemm_floor_share, CAL.gemm_peak_share / (1 + (CAL.narrow_hidden / hidden) ** 5))
+    return wide * tokens / (tokens + CAL.matmul_half_tokens)
 
 
 def head_padded(w: Workload) -> bool:
@@ -62,14 +63,7 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
     kept = w.kept_share  # blocks keeping attention and the adapters' first factor: only the up-projections rerun
     adapters = w.active_lora_params * (6 + kept + 2 * (share - kept))
-    if w.fp32 and cfg.tf32 and hw.gpu.tf32:  # on the tensor cores, as bf16's GEMMs are
-        ceiling = hw.tf32_matmul_flops * matmul_efficiency(s.hidden_size, w.tokens) * CAL.tf32_of_bf16_efficiency
-        adapter_ceiling = hw.tf32_matmul_flops * 0.15
-    elif w.fp32:
-        work = w.tokens * s.hidden_size
-        ceiling = adapter_ceiling = hw.fp32_matmul_flops * work / (work + CAL.fp32_matmul_half_work)
-    else:
-        ceiling, adapter_ceiling = hw.matmul_flops * matmul_efficiency(s.hidden_size, w.tokens), hw.matmul_flops * 0.15
+    ceiling, adapter_ceiling = _ceilings(w, hw)
     # float8: the blocks' GEMMs (not the head's) at float8's effective speedup, its casts included
     speedup = CAL.float8_frozen_speedup if cfg.frozen_float8 else CAL.float8_gemm_speedup[cfg.float8]
     odd = CAL.unaligned_head_slowdown if s.vocab_size % CAL.head_align and not head_padded(w) else 1.0
@@ -107,6 +101,19 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
         attention_flops = share * hw.gpu.peak_flops
     return {"matmul": gemm, "attention": attention / attention_flops,
             "elementwise": moved / hw.bandwidth, "optimizer": optimizer}
+
+
+def _ceilings(w: Workload, hw: Hardware) -> tuple[float, float]:
+    """FLOP/s the model's GEMMs reach, and the rank-r adapters' (far from the tensor cores' ceiling)."""
+    hidden = w.spec.hidden_size
+    if w.fp32 and w.cfg.tf32 and hw.gpu.tf32:  # on the tensor cores, as bf16's GEMMs are
+        ceiling = hw.tf32_matmul_flops * matmul_efficiency(hidden, w.tokens) * CAL.tf32_of_bf16_efficiency
+        return ceiling, hw.tf32_matmul_flops * CAL.adapter_matmul_share
+    if w.fp32:
+        work = w.tokens * hidden
+        ceiling = hw.fp32_matmul_flops * work / (work + CAL.fp32_matmul_half_work)
+        return ceiling, ceiling
+    return hw.matmul_flops * matmul_efficiency(hidden, w.tokens), hw.matmul_flops * CAL.adapter_matmul_share
 
 
 def _experts_gemm(w: Workload, flops_per_token: float, ceiling: float, adapter_ceiling: float,

@@ -38,31 +38,30 @@ def summary_table(p: Prediction) -> Table:
     tab.add("hardware figures", p.hw.source)
     whole = compile_scope(p.cfg, STRATEGIES[p.cfg.strategy]) == "model"
     if whole:
-        tab.add("note", "the whole model compiled as one graph: its memory and host time fitted on GPT-2 small and "
-                        "medium and Llama-3.2-1B on one GPU (DDP's host time on two)"
-                        + ("; replayed as CUDA graphs: their host time and pools fitted on GPT-2 small on an H100"
-                           if p.cfg.cuda_graphs is True else ""))
+        tab.add("note", "the whole model compiled as one graph: its memory and host time fitted on GPT-2 and "
+                        "Llama-3.2-1B runs" + ("; replayed as CUDA graphs: their host time and pools fitted on GPT-2 "
+                                               "small" if p.cfg.cuda_graphs is True else ""))
     if p.cfg.precision == "fp32":
         tab.add("note", ("fp32 with tf32: matmuls on the tensor cores in TF32, at the TF32 matmul ceiling"
                          if p.cfg.tf32 else "fp32: matmuls on the CUDA cores (tf32 false, PyTorch's default), at the "
                          "fp32 matmul ceiling") + "; attention and elementwise work fitted on GPT-2 small and "
-                        "Llama-3.2-1B on an H100")
+                        "Llama-3.2-1B")
     if p.cfg.float8 != "off":
-        tab.add("note", f"float8={p.cfg.float8}: memory is predicted as bf16's (measured 4-14% below it without "
-                        "checkpointing, where float8 keeps smaller activations); speed from float8 runs on H200")
-    if p.cfg.method == "qlora" and p.cfg.strategy == "zero3":
-        tab.add("note", "QLoRA under zero3: memory is not modelled (on 2x H200, Llama-3-8B measured 28% above this "
-                        "prediction); its speed is host-bound by DeepSpeed's hooks on the adapted layers (fitted); "
-                        "fsdp shards QLoRA at ddp's speed")
+        tab.add("note", f"float8={p.cfg.float8}: memory is predicted as bf16's, an upper bound (float8 keeps smaller "
+                        "activations); speed fitted on float8 runs")
+    if p.cfg.method == "qlora" and STRATEGIES[p.cfg.strategy].gathers_per_module:
+        tab.add("note", "QLoRA under zero3: memory is not modelled (DeepSpeed's gathering of the packed 4-bit "
+                        "base holds more: benchmarks/results/planner.md); its speed is host-bound by DeepSpeed's "
+                        "hooks on the adapted layers (fitted); fsdp shards QLoRA at ddp's speed")
     if p.cfg.offload == "optimizer":
         tab.add("note", "offload=optimizer: the host's step (CPU Adam, PCIe copies) is counted as GPU-side optimizer "
                         "time, from one measured run")
     if p.cfg.offload == "activations":
         tab.add("note", "offload=activations: the copies to the host and back are taken as hidden behind the step's "
-                        "compute where they take less time (measured on an H200); beyond it they are exposed")
+                        "compute where they take less time; beyond it they are exposed")
     w = p.workload
     if w is not None and w.experts:
-        tab.add("note", "mixture of experts: its grouped GEMMs' efficiency fitted on one model (Qwen3-30B-A3B, H100)"
+        tab.add("note", "mixture of experts: its grouped GEMMs' efficiency fitted on one model (Qwen3-30B-A3B)"
                 + ("; LoRA on the experts rebuilds every expert's weight at each pass (peft's), fitted on one run"
                    if w.adapts_experts else ""))
     if p.verdict == "tight":

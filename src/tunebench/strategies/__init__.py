@@ -52,6 +52,7 @@ class Strategy:
     planner: PlannerFacts  # what plan and tune need to predict it (every strategy has them: tests check)
     # what it splits over its processes: nothing (replicas), the gradients and optimizer state, or everything
     shards: Literal["nothing", "states", "everything"] = "nothing"
+    hybrid: bool = False  # takes shard_size: groups of processes that shard, replicating each other (HSDP)
     options: Mapping[str, Any] = field(default_factory=dict)  # passed to apply
     one_process: bool = False  # exactly one process (no torch.distributed)
     refuses: Mapping[str, str] = field(default_factory=dict)  # method -> why it is refused
@@ -79,6 +80,12 @@ class Strategy:
     def lora_siblings(self) -> bool:
         """LoRA siblings can run as one (methods.lora_siblings): one layer's forward reads its siblings' adapters."""
         return not self.gathers_per_module
+
+    @property
+    def whole_weights(self) -> bool:
+        """Each process holds the model's weights whole, as built (no sharding, no DeepSpeed casts): what a frozen
+        base's float8 products and activation offload's hooks need."""
+        return self.shards == "nothing" and not self.deepspeed
 
     def partitions_at_init(self, cfg: RunConfig) -> bool:
         # a QLoRA base is built whole and packed (a quarter of bf16's bytes), then partitioned:
@@ -117,7 +124,7 @@ class Strategy:
             raise UserError(f"invalid float8={cfg.float8} with grad_ckpt and compile_scope=model: a frozen base's "
                             "float8 products would run as autograd functions inside the whole model's graph, under "
                             "Hugging Face's checkpoint, whose recompute does not reach them (use compile_scope=blocks)")
-        if cfg.frozen_float8 and self.name not in ("single", "ddp"):
+        if cfg.frozen_float8 and not self.whole_weights:
             raise UserError(f"invalid float8={cfg.float8} with method={cfg.method} and strategy={self.name}: a frozen "
                             "base computes in float8 under single or ddp (its weights whole on each GPU)")
         if cfg.float8 != "off" and self.deepspeed:
@@ -127,13 +134,13 @@ class Strategy:
             deepspeed = " or ".join(n for n, st in STRATEGIES.items() if st.deepspeed)
             raise UserError(f"invalid offload={cfg.offload} with strategy={self.name}: the optimizer runs on the host "
                             f"under DeepSpeed ({deepspeed})")
-        if cfg.offload == "activations" and self.name not in ("single", "ddp"):
+        if cfg.offload == "activations" and not self.whole_weights:
             # FSDP2 frees the gathered weights' storage after each block, DeepSpeed its own way: the hooks would
             # have to tell those apart from activations; not built
             raise UserError(f"invalid offload={cfg.offload} with strategy={self.name}: activations are offloaded "
                             "under single or ddp")
         if cfg.shard_size is not None:
-            if self.name != "fsdp":
+            if not self.hybrid:
                 raise UserError(f"invalid shard_size={cfg.shard_size} with strategy={self.name}: groups of shards "
                                 "replicating each other (HSDP) are built on FSDP2 (strategy=fsdp)")
             if world_size % cfg.shard_size:
@@ -163,7 +170,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("fsdp", "FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded", "fsdp",
              PlannerFacts("fsdp", reserve=0.3, host_per_block_s=2.7e-3, overlap=0.7, compiled_blocks_host=False,
                           optimizer_bytes={"adamw": 136, "adamw_fused": 95}, collective_latency_per_block_s=0.5e-3),
-             shards="everything", meta_init=True),
+             shards="everything", hybrid=True, meta_init=True),
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero",
              PlannerFacts("zero2", reserve=0.15, host_per_block_s=0.8e-3, overlap=0.7, compiled_blocks_host=True),
              options={"stage": 2}, shards="states", deepspeed=True),

@@ -107,15 +107,16 @@ def structures(base: RunConfig, space: Space) -> list[RunConfig]:
     seq_lens = space.seq_lens or (base.seq_len,)
     for world in space.worlds:
         for strategy in _strategies(base, space, world):
-            if (strategy == "single") != (world == 1) and not space.strategies:
+            alone = STRATEGIES[strategy].one_process
+            if alone != (world == 1) and not space.strategies:
                 continue  # one GPU runs single; sharding or replicating over one GPU only adds overhead
-            if strategy == "single" and world > 1:
+            if alone and world > 1:
                 continue
             for opt, seq, comp, (ckpt, every, keep, keep_every), f8 in itertools.product(
                     _optimizers(base, space, strategy), seq_lens, space.compile, space.checkpointing,
                     _float8(base, space, strategy, world)):
                 out.append(base.model_copy(update={
-                    "strategy": strategy, "nproc_per_node": None if strategy == "single" else world // base.nnodes,
+                    "strategy": strategy, "nproc_per_node": None if alone else world // base.nnodes,
                     "optimizer": opt, "seq_len": seq, "compile": comp, "grad_ckpt": ckpt, "ckpt_every": every,
                     "ckpt_keep": keep, "ckpt_keep_every": keep_every, "float8": f8,
                     "ckpt_traced": base.ckpt_traced or not ckpt}))  # without checkpointing: the default
