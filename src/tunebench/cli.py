@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.redirect_stdout(sys.stderr):
             return _command(args.command)(args)
     except UserError as err:
-        print(f"tunebench: error: {err}", file=sys.stderr)
+        print(f"tunebench: error: {_readable(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tunebench: interrupted", file=sys.stderr)
@@ -234,10 +234,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # not bad input: say what broke in one line (the traceback on request)
         if os.environ.get("TUNEBENCH_DEBUG"):
             traceback.print_exc()
-        what = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        what = _readable(str(err).strip().splitlines()[0] if str(err).strip() else "")
         print(f"tunebench: internal error: {type(err).__name__}: {what} (TUNEBENCH_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return INTERNAL_ERROR
+
+
+def _readable(text: str, limit: int = 2000) -> str:
+    """An error at a readable length, whatever a value in it held."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit:,} more characters)"
 
 
 def entry() -> None:

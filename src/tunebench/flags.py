@@ -32,6 +32,8 @@ class HelpFormatter(argparse.HelpFormatter):
 class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
+        # no abbreviations: `--nnod 4` must not pass for `--nnodes 4` (deploy checks forwarded flags by name)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:  # one line and exit 2, no usage dump

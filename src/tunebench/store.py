@@ -56,7 +56,9 @@ CREATE TABLE IF NOT EXISTS locks (
 
 
 def default_store_path() -> Path:
-    return Path(os.environ.get("TUNEBENCH_STORE") or DEFAULT_STORE)
+    """$TUNEBENCH_STORE (with ~ and $VARS expanded, as a shell would have), else ./tunebench-results/results.db."""
+    env = os.environ.get("TUNEBENCH_STORE")
+    return Path(os.path.expanduser(os.path.expandvars(env))) if env else Path(DEFAULT_STORE)
 
 
 def _refuse_special(path: Path) -> None:

@@ -116,18 +116,19 @@ def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | N
     check_trackers(cfg.track)
     if store:
         check_store_path(store)  # bad input below (the data) must leave nothing behind, not even a store
-    inputs, _ = _prepare(cfg, plan)
-    with held_store(store):
-        gpu = environment(plan.device)["gpu"]["name"]
-        inputs.prediction = predict(plan.cfg, gpu, plan.world_size, store)
-        _announce(cfg, inputs.total, plan.world_size, inputs.prediction, gpu)
-        output.write_identity(Path(cfg.output_dir), inputs.identity, cfg)
-        started = time.perf_counter()
-        rec = launcher_for(cfg).launch(cfg, plan, inputs.to_json())
-    if rec is None:
-        return None
-    rec = finalize(rec, store)
-    write_text(Path(cfg.output_dir) / "record.json", rec.model_dump_json(indent=1))
+    with output.locked(Path(cfg.output_dir)):  # before the folder is read: one job in it at a time
+        inputs, _ = _prepare(cfg, plan)
+        with held_store(store):
+            gpu = environment(plan.device)["gpu"]["name"]
+            inputs.prediction = predict(plan.cfg, gpu, plan.world_size, store)
+            _announce(cfg, inputs.total, plan.world_size, inputs.prediction, gpu)
+            output.write_identity(Path(cfg.output_dir), inputs.identity, cfg)
+            started = time.perf_counter()
+            rec = launcher_for(cfg).launch(cfg, plan, inputs.to_json())
+        if rec is None:
+            return None
+        rec = finalize(rec, store)
+        write_text(Path(cfg.output_dir) / "record.json", rec.model_dump_json(indent=1))
     _summary(rec, time.perf_counter() - started)
     return rec
 

@@ -8,6 +8,8 @@ import json
 from tunebench.errors import UserError
 from tunebench.flags import config_from
 
+MAX_WORLD = 1 << 16  # GPUs in one job: far beyond any cluster's, small enough for every table and plan
+
 
 def world_sizes(text: str | None) -> list[int] | None:
     if text is None:
@@ -18,6 +20,9 @@ def world_sizes(text: str | None) -> list[int] | None:
         raise UserError(f"invalid gpus={text}: expected a comma-separated list of world sizes like 1,2,4") from None
     if not sizes or sizes[0] < 1:
         raise UserError(f"invalid gpus={text}: world sizes must be positive integers")
+    if sizes[-1] > MAX_WORLD:
+        raise UserError(f"invalid gpus={text}: {sizes[-1]:,} GPUs is beyond any job tunebench launches (at most "
+                        f"{MAX_WORLD:,})")
     return sizes
 
 

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from tunebench.config.yamlfile import load_yaml_file
 from tunebench.errors import UserError, invalid
 
 # A run's identity, declared once on its fields. Every field is part of the workload unless marked:
@@ -114,14 +114,7 @@ def build_config(data: dict[str, Any], cls: type[BaseModel]) -> Any:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config file {str(p)!r} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError(f"config file {str(p)!r} is not valid YAML{where}") from None
+    data = load_yaml_file(p)
     if data is None:
         raise UserError(f"config file {str(p)!r} is empty: give at least one key, or leave the file out")
     if not isinstance(data, dict):

@@ -97,6 +97,11 @@ class TrainConfig(RunConfig):
             raise ValueError("give eval_data or eval_fraction, not both")
         if self.resume not in (None, "latest", "auto") and not self.resume.strip():
             raise ValueError("resume must be latest, auto or a checkpoint folder")
+        if not self.output_dir.strip():
+            raise ValueError("output_dir is empty: name the folder the job writes into")
+        if self.resume and self.overwrite:
+            raise ValueError(f"resume={self.resume} with overwrite: overwrite deletes the checkpoints resume continues "
+                             "from; give one of them")
         return self._check_shape_and_nodes()
 
     def run_config(self) -> RunConfig:

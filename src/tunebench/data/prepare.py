@@ -32,7 +32,8 @@ VERSION = 2  # of the cached layout: bump when rows are built differently (2: ro
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("TUNEBENCH_CACHE") or Path.home() / ".cache" / "tunebench") / "data"
+    env = os.environ.get("TUNEBENCH_CACHE")  # ~ and $VARS expanded, as a shell would have
+    return (Path(os.path.expanduser(os.path.expandvars(env))) if env else Path.home() / ".cache" / "tunebench") / "data"
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from tunebench.config.yamlfile import load_yaml_file
 from tunebench.errors import UserError
 from tunebench.record import ResultRecord
 
@@ -32,8 +33,8 @@ class Offering:
 
 def load_prices(path: str | Path | None = None) -> list[Offering]:
     try:
-        text = Path(path).read_text() if path else resources.files("tunebench").joinpath("prices.yaml").read_text()
-        data = yaml.safe_load(text)
+        data = (load_yaml_file(path, "price sheet") if path
+                else yaml.safe_load(resources.files("tunebench").joinpath("prices.yaml").read_text()))
         return [Offering(o["name"], str(o["gpu"]), o.get("provider", o["name"]), o.get("on_demand"), o.get("spot"),
                          str(o.get("source", "")), str(o.get("date", ""))) for o in data["offerings"]]
     except FileNotFoundError:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from tunebench.config import RunConfig, build_config, read_yaml
+from tunebench.config.yamlfile import load_yaml_text
 from tunebench.errors import UserError
 
 SUITE_KEYS = {"name", "description", "base", "axes", "runs"}
@@ -55,10 +56,7 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"invalid --set {item!r}: expected key=value")
-        try:
-            out[key.strip().replace("-", "_")] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise UserError(f"invalid --set {item!r}: the value is not valid YAML") from None
+        out[key.strip().replace("-", "_")] = load_yaml_text(value, f"--set {item!r}'s value")
     return out
 
 

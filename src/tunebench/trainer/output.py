@@ -11,8 +11,14 @@ configuration, data, tokenizer or world size is refused: it would not continue e
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +27,33 @@ from tunebench.engine import checkpoint
 from tunebench.errors import UserError
 from tunebench.files import write_text
 
+LOCK = ".tunebench.lock"  # held (flock) by the job's launching process: released by the kernel when it dies
 OWN = ("checkpoints", "adapter", "model", "merged", "run.json", "record.json", "tensorboard", "mlruns")
+
+
+@contextlib.contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """This job's exclusive hold on `out` for its whole run: a second job into the same folder is refused naming
+    the holder. The lock is the kernel's (flock), so a job that died left nothing to take over by hand."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise UserError(f"invalid output_dir={out}: cannot write there ({err.strerror}); give a folder this user "
+                        "can write to") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
+            raise UserError(f"invalid output_dir={out}: a training job is running there ({holder}); wait for it "
+                            "to end, or give another output_dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def claim(out: Path, resume: str | None, overwrite: bool) -> Path | None:

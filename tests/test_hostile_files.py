@@ -1,0 +1,117 @@
+"""The files a user gives and the folders a job writes, hostile or careless: refused in one line naming the thing
+and the fix (exit 2), never an internal error, never a silent last-value-wins or a second job over the first."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tunebench.store import default_store_path
+from tunebench.trainer import output
+
+
+def _one_line(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tunebench: error: "), err
+    assert all(n in lines[0] for n in needles), err
+    assert len(lines[0]) < 2200 and "Traceback" not in err
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{k}: &{k} [{', '.join([f'*{p}'] * 9)}]\n" for p, k in zip("abcdefgh", "bcdefghi")) + "tag: *i\n"
+
+
+@pytest.mark.parametrize("text,needles", [
+    ("model: tiny-llama\nbatch_size: 2\nbatch_size: 4\n", ("'batch_size' twice", "lines 2 and 3")),
+    ("model: tiny-llama\nlora_targets: &t [q_proj]\ntag: *t\nsteps: 30\nsteps: 40\n", ("'steps' twice",)),
+    (BOMB, ("expands to more than",)),
+    ("model: " + "[" * 5000 + "]" * 5000 + "\n", ("nests more than",)),
+    ("model: tiny-llama\nbatch_size: [1\n", ("not valid YAML", "line")),
+    ("x: " + "y" * (2 << 20) + "\n", ("larger than",)),
+])
+def test_config_files_are_read_with_limits(tb, tmp_path, text, needles):
+    (tmp_path / "c.yaml").write_text(text)
+    for command in (["plan", str(tmp_path / "c.yaml"), "--gpu", "H100"], ["run", str(tmp_path / "c.yaml")]):
+        code, _, err = tb(*command)
+        _one_line(code, err, "c.yaml", *needles)
+
+
+def test_a_suite_and_a_price_sheet_too(tb, tmp_path):
+    (tmp_path / "s.yaml").write_text("name: s\nbase: {model: tiny-llama}\nruns: [{}]\nname: t\n")
+    _one_line(*tb("sweep", str(tmp_path / "s.yaml"), "--dry-run")[::2], "'name' twice")
+    (tmp_path / "p.yaml").write_text("offerings: []\nofferings: []\n")
+    from tunebench.errors import UserError
+    from tunebench.report.cost import load_prices
+
+    with pytest.raises(UserError, match="'offerings' twice"):
+        load_prices(tmp_path / "p.yaml")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_config_that_is_a_pipe_is_refused_without_blocking(tb, tmp_path):
+    os.mkfifo(tmp_path / "c.yaml")
+    _one_line(*tb("plan", str(tmp_path / "c.yaml"), "--gpu", "H100")[::2], "not a regular file")
+
+
+def test_store_and_cache_paths_expand_as_a_shell_would(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("TUNEBENCH_STORE", "~/x/results.db")
+    assert default_store_path() == tmp_path / "x" / "results.db"
+    monkeypatch.setenv("TUNEBENCH_CACHE", "$HOME/cache")
+    from tunebench.data.prepare import cache_root
+
+    assert str(cache_root()).startswith(str(tmp_path / "cache"))
+
+
+def test_abbreviated_flags_are_not_taken_for_others(tb):
+    code, _, err = tb("run", "--nnod", "4")
+    _one_line(code, err, "--nnod")
+
+
+def test_a_world_size_beyond_any_cluster_is_refused(tb):
+    _one_line(*tb("plan", "--model", "llama-3-8b", "--gpu", "H100", "--compare", "--gpus", "1,100000000")[::2],
+              "100,000,000 GPUs")
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--output-dir", ""], "output_dir is empty"),
+    (["--output-dir", "out", "--resume", "latest", "--overwrite"], "overwrite deletes the checkpoints"),
+])
+def test_train_refuses_an_output_it_would_lose(tb, tmp_path, flags, needle):
+    (tmp_path / "d.txt").write_text("hello\n")
+    _one_line(*tb("train", "--data", str(tmp_path / "d.txt"), "--device", "cpu", *flags)[::2], needle)
+
+
+def test_a_second_job_into_one_output_dir_is_refused_naming_the_first(tb, tmp_path):
+    (tmp_path / "d.txt").write_text("hello world\n" * 50)
+    out = tmp_path / "out"
+    argv = ["train", "--model", "tiny-llama", "--tokenizer", str(tmp_path / "none"), "--data", str(tmp_path / "d.txt"),
+            "--device", "cpu", "--output-dir", str(out), "--no-store"]
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from tunebench.trainer.output import locked\nwith locked(Path(sys.argv[1])):\n"
+                               "    print('held', flush=True); time.sleep(60)", str(out)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        _one_line(*tb(*argv)[::2], "a training job is running there", f"pid {holder.pid}")
+    finally:
+        holder.kill()
+        holder.wait()
+    with output.locked(out):  # the dead holder's lock went with it
+        pass
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through file permissions")
+def test_an_output_dir_that_cannot_be_written_is_refused_before_any_work(tb, tmp_path):
+    (tmp_path / "d.txt").write_text("hello\n")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        code, _, err = tb("train", "--data", str(tmp_path / "d.txt"), "--device", "cpu", "--output-dir",
+                          str(ro / "out"), "--no-store")
+        _one_line(code, err, "cannot write there")
+    finally:
+        ro.chmod(0o700)
