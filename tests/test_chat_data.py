@@ -262,6 +262,20 @@ def test_a_row_the_template_refuses_is_counted_and_refused_from_the_cache(tokeni
     assert len(list((tmp_path / "cache").rglob("stats.json"))) == 1
 
 
+def test_a_chat_template_that_does_not_parse_is_bad_input_naming_it(tokenizers_, tmp_path, monkeypatch):
+    from tunebench.errors import UserError
+
+    monkeypatch.setenv("TUNEBENCH_CACHE", str(tmp_path / "cache"))
+    tok = _tok(tokenizers_, "bytelevel", "chatml")
+    tok.chat_template = "{% for m in messages %}{{ m.content }}"  # the for never ends
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 3
+    with pytest.raises(UserError, match=r"its chat template does not parse \(line 1: .*\); fix chat_template"):
+        _prepared(tok, rows, tmp_path)
+    marked_ok = _tok(tokenizers_, "bytelevel", "chatml")  # `{% generation %}` parses, as transformers reads it
+    marked_ok.chat_template = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+    assert _prepared(marked_ok, rows, tmp_path).stats["examples"] == 3
+
+
 class Chars:
     """A slow (Python) tokenizer, one token per character: transformers gives it no offsets."""
 

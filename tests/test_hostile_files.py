@@ -115,3 +115,79 @@ def test_an_output_dir_that_cannot_be_written_is_refused_before_any_work(tb, tmp
         _one_line(code, err, "cannot write there")
     finally:
         ro.chmod(0o700)
+
+
+@pytest.fixture
+def one_result(tb, tmp_path):
+    from conftest import run_json
+
+    store = tmp_path / "r.db"
+    run_json(tb, store)
+    return store
+
+
+def test_exports_never_replace_a_link_or_a_device(tb, tmp_path, one_result):
+    (tmp_path / "real.csv").write_text("old\n")
+    (tmp_path / "link.csv").symlink_to("real.csv")
+    assert tb("results", "export", "--format", "csv", "-o", str(tmp_path / "link.csv"), "--store", str(one_result))[0] == 0
+    assert (tmp_path / "link.csv").is_symlink() and "tokens_per_s" in (tmp_path / "real.csv").read_text()
+    assert tb("results", "export", "--format", "jsonl", "-o", "/dev/null", "--store", str(one_result))[0] == 0
+    assert not os.path.isfile("/dev/null")
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "pipe"
+        os.mkfifo(fifo)
+        reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+        assert tb("results", "export", "--format", "jsonl", "-o", str(fifo), "--store", str(one_result))[0] == 0
+        assert '"schema_version"' in reader.communicate(timeout=30)[0] and not fifo.is_file()
+
+
+def test_deep_json_and_unsigned_markers_are_not_read(tb, tmp_path, one_result):
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "deep.jsonl").write_text(deep + "\n")
+    code, _, err = tb("compare", str(tmp_path / "deep.jsonl"), str(one_result))
+    assert code == 2 and "Traceback" not in err and "internal error" not in err, err
+    from tunebench.deploy.command import MARKER_BEGIN, MARKER_END, marked
+
+    rec = tb("results", "export", "--format", "jsonl", "-o", str(tmp_path / "x.jsonl"), "--store", str(one_result))
+    assert rec[0] == 0
+    line = (tmp_path / "x.jsonl").read_text().splitlines()[0]
+    log = tmp_path / "pod.log"
+    log.write_text(f"{MARKER_BEGIN}\n{line}\n{MARKER_END}\n{marked('{' * 100_000)}\n")  # forged; deep
+    code, out, err = tb("collect", str(log), "--store", str(tmp_path / "c.db"))
+    assert code == 0 and "0 records found" in out and "without its checksum" in err and "internal" not in err, err
+
+
+def test_a_damaged_sweep_definition_is_left_out_with_a_warning(tb, tmp_path):
+    import sqlite3
+
+    (tmp_path / "s.yaml").write_text("name: s\nbase: {model: tiny-llama, device: cpu, steps: 2, warmup: 1, seq_len: 8}"
+                                     "\nruns: [{name: one}]\n")
+    store = tmp_path / "r.db"
+    assert tb("sweep", str(tmp_path / "s.yaml"), "--store", str(store))[0] == 0
+    with sqlite3.connect(store) as db:
+        (sweep_id,) = db.execute("SELECT id FROM sweeps").fetchone()
+        db.execute("UPDATE sweeps SET definition = '{\"name\": \"s\", \"entr' WHERE id = ?", (sweep_id,))
+    code, out, err = tb("results", "merge", str(store), "--store", str(tmp_path / "m.db"))
+    assert code == 0 and "damaged" in err, err
+    code, _, err = tb("report", "--sweep", sweep_id, "--out", str(tmp_path / "rep"), "--store", str(store))
+    assert code == 0 and "damaged" in err, err
+    _one_line(*tb("sweep", "--resume", sweep_id, "--store", str(store))[::2], "damaged")
+
+
+def test_a_suite_too_large_to_run_is_refused_before_expanding(tb, tmp_path):
+    axes = "\n".join(f"  {k}: [{', '.join(str(i + 1) for i in range(100))}]" for k in ("batch_size", "grad_accum",
+                                                                                         "lora_rank", "seed"))
+    (tmp_path / "big.yaml").write_text(f"name: big\nbase: {{model: tiny-llama}}\naxes:\n{axes}\n")
+    _one_line(*tb("sweep", str(tmp_path / "big.yaml"), "--dry-run")[::2], "100,000,000 configurations")
+
+
+def test_a_sweep_whose_definition_outgrows_a_configmap_is_refused_before_registering(tmp_path, monkeypatch):
+    from tunebench.deploy import sweep as deploy_sweep
+    from tunebench.errors import UserError
+
+    monkeypatch.setattr(deploy_sweep, "MAX_DEFINITION_BYTES", 2_000)
+    (tmp_path / "s.yaml").write_text("name: s\nbase: {model: tiny-llama}\naxes:\n  batch_size: [1, 2, 3, 4]\n")
+    store = tmp_path / "r.db"
+    with pytest.raises(UserError, match="ConfigMap holds at most 2,000"):
+        deploy_sweep.plan(str(tmp_path / "s.yaml"), {}, 1, store, None, 1)
+    assert not store.exists()

@@ -413,3 +413,43 @@ def test_a_signal_to_a_distributed_job_reaches_every_rank(local, tmp_path):
     assert p.returncode == 75
     job = json.loads(rest)["metrics"]["job"]
     assert job["exit"] == "preempted" and (out / "checkpoints" / f"step-{job['steps']:06d}" / "state.json").is_file()
+
+
+def test_a_checkpoint_is_verified_before_it_is_trusted(tb, local, tmp_path):
+    """A finished job is not run again; a damaged, mistyped, truncated or foreign checkpoint is refused naming it,
+    before anything is built (its files' sizes are written last, in state.json)."""
+    out, store = tmp_path / "out", tmp_path / "r.db"
+    base = _args(local, "--output-dir", str(out), "--store", str(store))
+    assert tb(*base, "--max-steps", "4", "--save-every", "2", "--warmup", "1")[0] == 0
+    ck2, ck4 = out / "checkpoints" / "step-000002", out / "checkpoints" / "step-000004"
+    assert json.loads((ck4 / "state.json").read_text())["files"]  # every part's size, written last
+
+    def refused(*extra: str, needle: str) -> None:
+        code, _, err = tb(*base, *extra)
+        assert code == 2 and needle in err and "Traceback" not in err and "internal" not in err, err
+
+    refused("--max-steps", "4", "--warmup", "1", "--resume", "latest", needle="nothing is left to train")
+    assert Store(store).count() == 1  # no second, empty record
+    state = json.loads((ck2 / "state.json").read_text())
+    (ck2 / "state.json").write_text(json.dumps(state | {"step": 999}))
+    refused("--max-steps", "4", "--warmup", "1", "--resume", str(ck2), needle="past this job's 4 steps")
+    (ck2 / "state.json").write_text(json.dumps(state | {"losses": "many"}))
+    refused("--max-steps", "6", "--warmup", "1", "--resume", str(ck2), needle="losses is str")
+    (ck2 / "state.json").write_text(json.dumps(state)[:40])
+    refused("--max-steps", "6", "--warmup", "1", "--resume", str(ck2), needle="state.json unreadable")
+    (ck2 / "state.json").write_text(json.dumps(state))
+    part = next(p for p in sorted(ck2.rglob("*")) if p.is_file() and p.name != "state.json" and p.stat().st_size > 8)
+    part.write_bytes(part.read_bytes()[:8])
+    refused("--max-steps", "6", "--warmup", "1", "--resume", str(ck2), needle=f"{part.relative_to(ck2)} is 8 bytes")
+    assert tb(*base, "--max-steps", "6", "--warmup", "1", "--resume", "latest")[0] == 0  # the sound one continues
+
+
+def test_a_damaged_tokenization_cache_is_built_again(tb, local, tmp_path, capsys):
+    argv = _args(local, "--max-steps", "2", "--warmup", "1", "--no-store")
+    assert tb(*argv, "--output-dir", str(tmp_path / "a"))[0] == 0
+    (ids,) = (tmp_path / "cache").rglob("ids.npy")
+    ids.write_bytes(ids.read_bytes()[:-16])  # cut short, as a full disk or a killed copy leaves it
+    code, out, err = tb(*argv, "--output-dir", str(tmp_path / "b"))
+    assert code == 0 and "damaged or from an older version: tokenizing again" in out + err, err
+    (again,) = (tmp_path / "cache").rglob("ids.npy")
+    assert np.load(again).shape[1] == 64  # whole again: rows of seq_len tokens

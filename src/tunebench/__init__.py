@@ -18,8 +18,10 @@ __version__ = "0.1.0"
 
 # torchao's wheels carry compiled kernels for one CUDA and torch build; elsewhere (a CPU machine, another CUDA)
 # each fails to load with a warning as soon as transformers imports torchao, though float8 training needs none of
-# them; and its registration of enums with torch's pytree warns of a deprecation on newer torch. Errors still show.
-for _name in ("torchao", "torch.utils._pytree"):
+# them; and its registration of enums with torch's pytree warns of a deprecation on newer torch. bitsandbytes warns on
+# import, on every CPU run, that an optional faster CPU kernel (the `kernels` package) is absent: it falls back to its
+# own. Errors still show.
+for _name in ("torchao", "torch.utils._pytree", "bitsandbytes.backends.cpu.ops"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 _EXPORTS = {

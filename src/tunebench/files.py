@@ -23,8 +23,15 @@ def temp_beside(path: Path) -> Path:
 
 @contextlib.contextmanager
 def written_aside(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; on success it replaces `path`, on failure it is removed."""
+    """Yield a temporary path beside `path`; on success it replaces `path`, on failure it is removed. A link is
+    never replaced: what it points to is written (aside and renamed there). A device or a pipe (`/dev/stdout`,
+    `/dev/null`, a FIFO) is never replaced by a file: it is written into as it is."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # followed through a link too
+        yield path
+        return
+    if path.is_symlink():
+        path = path.resolve()
     tmp = temp_beside(path)
     try:
         yield tmp

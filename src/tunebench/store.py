@@ -185,7 +185,7 @@ class Store:
     def _read(self, rid: str, raw: str) -> ResultRecord | None:
         try:
             return ResultRecord.model_validate_json(raw)
-        except (ValidationError, ValueError) as err:
+        except (ValidationError, ValueError, RecursionError) as err:
             self.skipped.append(f"{rid[:12]}: {unreadable_reason(raw, err)}")
             return None
 
@@ -208,15 +208,34 @@ class Store:
                               "definition) VALUES (?,?,?,?)", (sweep_id, name, created_at, json.dumps(definition)))
 
     def sweeps(self) -> list[tuple[str, str, str, dict]]:
-        """Every registered sweep: (id, name, created_at, definition)."""
-        return [(i, n, c, json.loads(d)) for i, n, c, d in
-                self.conn.execute("SELECT id, name, created_at, definition FROM sweeps ORDER BY created_at")]
+        """Every registered sweep whose definition reads: (id, name, created_at, definition); a damaged one is left
+        out and named in `skipped`."""
+        out = []
+        for i, n, c, d in self.conn.execute("SELECT id, name, created_at, definition FROM sweeps ORDER BY created_at"):
+            definition = self._definition(i, d)
+            if definition is not None:
+                out.append((i, n, c, definition))
+        return out
 
     def sweep(self, sweep_id: str) -> dict:
         row = self.conn.execute("SELECT definition FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
         if not row:
             raise UserError(f"no sweep with id {sweep_id!r} in {self.path}")
-        return json.loads(row[0])
+        definition = self._definition(sweep_id, row[0])
+        if definition is None:
+            raise UserError(f"sweep {sweep_id}'s definition in {self.path} is damaged: run its configurations anew "
+                            "(tunebench sweep SUITE)")
+        return definition
+
+    def _definition(self, sweep_id: str, raw: str) -> dict | None:
+        try:
+            definition = json.loads(raw)
+        except (ValueError, TypeError, RecursionError):
+            definition = None
+        if not isinstance(definition, dict):
+            self.skipped.append(f"sweep {sweep_id}: its definition is damaged (not a JSON object)")
+            return None
+        return definition
 
     def ok_counts(self, sweep_id: str) -> dict[str, int]:
         """How many ok results each configuration (by hash) has in a sweep."""
@@ -263,7 +282,7 @@ def unreadable_reason(raw: str, err: Exception) -> str:
     """Why a stored record cannot be read, in words: most often a newer tunebench wrote it."""
     try:
         version = json.loads(raw).get("schema_version")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return "not a JSON record (damaged row)"
     if isinstance(version, int) and version > SCHEMA_VERSION:
         return (f"written by a newer tunebench (record schema v{version}; this version reads up to "
@@ -282,13 +301,15 @@ def read_exported(p: Path, skipped: list[str]) -> list[ResultRecord]:
         rows = json.loads(text) if text.startswith("[") else None
     except ValueError as err:
         raise UserError(f"results file {p} is not valid JSON ({err})") from None
+    except RecursionError:
+        raise UserError(f"results file {p} nests deeper than any record: not a results export") from None
     if rows is None:
         rows = []
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
-                except ValueError:
+                except (ValueError, RecursionError):
                     raise UserError(f"results file {p}: line {n} is not a JSON record (expected one record per "
                                     "line, as `results export --format jsonl` writes)") from None
     out = []
@@ -296,5 +317,11 @@ def read_exported(p: Path, skipped: list[str]) -> list[ResultRecord]:
         try:
             out.append(ResultRecord.model_validate(row))
         except ValidationError as err:
-            skipped.append(f"{p.name} record {n}: {unreadable_reason(json.dumps(row), err)}")
+            try:
+                why = unreadable_reason(json.dumps(row), err)
+            except RecursionError:
+                why = "nests deeper than any record"
+            skipped.append(f"{p.name} record {n}: {why}")
+        except RecursionError:
+            skipped.append(f"{p.name} record {n}: nests deeper than any record")
     return out

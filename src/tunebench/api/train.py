@@ -105,8 +105,11 @@ def _prepare(cfg: TrainConfig, plan) -> tuple[JobInputs, Prepared]:
         output.check_resume(ck, identity, hashed_fields(RunConfig, run_cfg.model_dump()))
         say(f"train: resuming from {ck}")
     tok_dir = cfg.tokenizer or str(plan.spec.path)
-    inputs = JobInputs(str(train_rows.path), str(eval_rows.path) if eval_rows else None, tok_dir,
-                       total_steps(cfg, train_rows.rows, plan.world_size), identity, str(ck) if ck else None)
+    total = total_steps(cfg, train_rows.rows, plan.world_size)
+    if ck:
+        output.check_progress(ck, total)
+    inputs = JobInputs(str(train_rows.path), str(eval_rows.path) if eval_rows else None, tok_dir, total, identity,
+                       str(ck) if ck else None)
     return inputs, train_rows
 
 

@@ -20,7 +20,8 @@ def _read(store: str | None, kind: str | None = None, sweep: str | None = None):
         if sweep:
             from tunebench.suites import names_by_hash
 
-            names = names_by_hash(s.sweep(sweep))
+            definition = {i: d for i, _, _, d in s.sweeps()}.get(sweep)  # a damaged one: named in skipped
+            names = names_by_hash(definition) if definition else None
     warn_skipped(s.skipped, s.path)
     return recs, names or {}
 

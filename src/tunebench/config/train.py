@@ -90,6 +90,8 @@ class TrainConfig(RunConfig):
     def _cross_checks(self) -> TrainConfig:  # replaces RunConfig's: steps are the data's, or max_steps
         if self.steps is not None and self.max_steps is None:
             object.__setattr__(self, "max_steps", self.steps)
+        if self.max_steps is not None and self.max_steps <= self.warmup and "warmup" not in self.model_fields_set:
+            object.__setattr__(self, "warmup", self.max_steps - 1)  # a short job: the default leaves one step timed
         if self.max_steps is not None and self.max_steps <= self.warmup:
             raise ValueError(f"max_steps={self.max_steps} must be greater than warmup={self.warmup} (the first "
                              "warmup steps are left out of tokens/s)")

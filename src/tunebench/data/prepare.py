@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tunebench.console import say
 from tunebench.data import examples
 from tunebench.data.dataset import Checked, read
 from tunebench.data.rows import Rows, lay_out, pieces
@@ -99,7 +100,19 @@ def _rows(ds, tok, cfg, shape: str, pack: bool, what: str, data: str, tally: Tal
 
 
 def _check_tokenizer(tok, cfg, shape: str) -> None:
-    """Chat masked by characters needs a fast tokenizer's offsets; a slow (Python) one has none."""
+    """A chat template that parses; chat masked by characters needs a fast tokenizer's offsets (a slow, Python, one
+    has none)."""
+    templates = getattr(tok, "chat_template", None) if shape == "chat" else None
+    for name, text in (templates.items() if isinstance(templates, dict) else [("", templates)] if templates else []):
+        from jinja2 import TemplateSyntaxError
+        from transformers.utils.chat_template_utils import _compile_jinja_template  # as apply_chat_template does
+
+        try:
+            _compile_jinja_template(text)
+        except TemplateSyntaxError as err:
+            raise UserError(f"invalid tokenizer: its chat template{f' {name!r}' if name else ''} does not parse (line "
+                            f"{err.lineno}: {err.message}); fix chat_template in the tokenizer's folder "
+                            "(tokenizer_config.json or chat_template.jinja)") from None
     if shape == "chat" and not cfg.train_on_prompt and getattr(tok, "chat_template", None) and \
             not getattr(tok, "is_fast", False):
         raise UserError("invalid tokenizer: a slow (Python) tokenizer gives no character offsets, which chat data "
@@ -131,6 +144,33 @@ def fullest_row_of(prepared: Prepared) -> int:
     return int(prepared.stats["fullest_row"])
 
 
+def _digest(f: Path) -> dict[str, Any]:
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            h.update(block)
+    return {"bytes": f.stat().st_size, "sha256": h.hexdigest()}
+
+
+def _cached(path: Path) -> dict | None:
+    """The stats of a cached tokenization whose files are whole (sizes and checksums as written); a damaged one is
+    removed, said in one line, and built again."""
+    if not (path / "stats.json").is_file():
+        return None
+    try:
+        stats = json.loads((path / "stats.json").read_text())
+        files = stats["files"]
+        whole = isinstance(files, dict) and bool(files) and all(
+            (path / name).is_file() and _digest(path / name) == want for name, want in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        whole = False  # unreadable, or written before checksums were (rebuilt once)
+    if whole:
+        return stats
+    say(f"data: the cached tokenization in {path} is damaged or from an older version: tokenizing again")
+    shutil.rmtree(path, ignore_errors=True)
+    return None
+
+
 def _write(out: Rows, path: Path, stats: dict, pack: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
@@ -141,6 +181,7 @@ def _write(out: Rows, path: Path, stats: dict, pack: bool) -> None:
             positions = np.asarray(out.positions, dtype=np.int32).reshape(len(out.ids), -1)
             np.save(tmp / "positions.npy", positions)
             stats["fullest_row"] = fullest_row(positions)
+        stats["files"] = {f.name: _digest(f) for f in sorted(tmp.glob("*.npy"))}  # verified before each use
         (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
         os.replace(tmp, path)
     except OSError:
@@ -157,8 +198,8 @@ def prepare(cfg, tok, data: str, what: str, checked: Checked, ds=None, file_coun
     shape = checked.shape
     pack = cfg.packing if cfg.packing is not None else shape == "text"
     path = cache_root() / _key(ds, tok, cfg, shape, pack)
-    if (path / "stats.json").is_file():
-        stats = json.loads((path / "stats.json").read_text())
+    stats = _cached(path)
+    if stats is not None:
         enforce(Tally.of(stats), cfg, what, data)  # strict_data and max_bad_rows are not in the key
         return Prepared(path, stats)
     _check_tokenizer(tok, cfg, shape)

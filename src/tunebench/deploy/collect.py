@@ -31,13 +31,16 @@ class Collected:
 def _record(body: str, head: re.Match, where: str, out: Collected) -> None:
     digest, size = head.group(1), head.group(2)
     data = body.encode()
-    if digest and (int(size) != len(data) or hashlib.sha256(data).hexdigest() != digest):
+    if not digest:  # tunebench prints every block with its checksum: one without was not printed by it
+        out.skipped.append(f"{where}: a block without its checksum (sha256=... bytes=...), not read")
+        return
+    if int(size) != len(data) or hashlib.sha256(data).hexdigest() != digest:
         out.skipped.append(f"{where}: the block does not match its checksum (cut, interleaved or altered)")
         return
     try:
         out.records.append(ResultRecord.model_validate_json(body))
-    except (ValidationError, ValueError) as err:
-        out.skipped.append(f"{where}: not a result record ({str(err).splitlines()[0]})")
+    except (ValidationError, ValueError, RecursionError) as err:
+        out.skipped.append(f"{where}: not a result record ({(str(err).splitlines() or [type(err).__name__])[0]})")
 
 
 def marked_records(lines: Iterable[str], name: str = "log") -> Collected:

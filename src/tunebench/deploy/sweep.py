@@ -72,6 +72,10 @@ def _check(entries: list, gpus: list[int]) -> None:
             raise UserError(f"suite entry '{e.name}': {err}") from None
 
 
+# what a ConfigMap carries (1 MiB in all, its metadata too); the Slurm script carries the same definition
+MAX_DEFINITION_BYTES = 1_000_000
+
+
 def plan(suite: str | None, sets: dict[str, Any], repeats: int | None, store: str | Path, resume: str | None,
          default_gpus: int) -> SweepTasks:
     """A new sweep (expanded, checked, registered in `store`) or the missing tasks of a registered one."""
@@ -98,6 +102,11 @@ def plan(suite: str | None, sets: dict[str, Any], repeats: int | None, store: st
         out = SweepTasks(sweep_id, name, n, entries, [(i, k) for i in range(len(entries)) for k in range(n)])
     out.gpus = [_gpus(e.config, default_gpus) for e in out.entries]
     _check(out.entries, out.gpus)
+    size = len(out.definition_json().encode())
+    if size > MAX_DEFINITION_BYTES:  # checked before the sweep is registered or any manifest written
+        raise UserError(f"the sweep's definition is {size:,} bytes ({len(out.entries):,} configurations): a "
+                        f"Kubernetes ConfigMap holds at most {MAX_DEFINITION_BYTES:,}; split the suite (fewer axes "
+                        "or values per file)")
     if not resume:
         check_store(store)
         with Store(store) as s:

@@ -54,8 +54,39 @@ def find(root: Path, resume: str) -> Path | None:
     return path
 
 
+# what state.json must hold, and of what type, for a resume to continue from it
+STATE_KEYS = {"step": int, "total": int, "epoch": int, "micro": int, "losses": list, "eval_curve": list,
+              "world_size": int, "identity": dict}
+
+
 def read_state(path: Path) -> dict[str, Any]:
-    return json.loads((path / "state.json").read_text())
+    """A checkpoint's state.json, verified: whole, of the right types, its files the sizes they were written at
+    (state.json is written last, with them). Refused in words naming the checkpoint, never trusted blind."""
+    def damaged(why: str) -> UserError:
+        return UserError(f"checkpoint {path} is damaged ({why}); resume from an earlier one (--resume "
+                         f"{path.parent}/step-...) or start anew (--overwrite)")
+
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise damaged(f"state.json unreadable: {type(err).__name__}") from None
+    if not isinstance(state, dict):
+        raise damaged("state.json is not an object")
+    for key, kind in STATE_KEYS.items():
+        value = state.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            raise damaged(f"state.json's {key} is {type(value).__name__ if key in state else 'missing'}, "
+                          f"not {'a non-negative ' if kind is int else 'a '}{kind.__name__}")
+    for name, size in (state.get("files") or {}).items():  # checkpoints written before sizes were: not checked
+        f = path / name
+        if not f.is_file() or f.stat().st_size != size:
+            raise damaged(f"{name} is {f.stat().st_size if f.is_file() else 'missing'} bytes, written as {size}")
+    return state
+
+
+def sizes(folder_: Path) -> dict[str, int]:
+    """Every file's size under a checkpoint folder, by relative path (state.json records them)."""
+    return {str(f.relative_to(folder_)): f.stat().st_size for f in sorted(folder_.rglob("*")) if f.is_file()}
 
 
 def rng_state() -> dict[str, Any]:
@@ -85,8 +116,8 @@ def save(root: Path, step: int, state: dict[str, Any], write_parts, ctx: DistCon
     torch.save(rng_state(), partial / f"rng-rank-{ctx.rank}.pt")
     write_parts(partial)
     ctx.barrier()  # every rank's part is on disk
-    if ctx.is_main:
-        write_text(partial / "state.json", json.dumps(state, indent=1))
+    if ctx.is_main:  # state.json last, with the size of every part: a resume verifies them
+        write_text(partial / "state.json", json.dumps(state | {"files": sizes(partial)}, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         for old in complete(root)[:-keep]:

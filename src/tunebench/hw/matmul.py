@@ -99,7 +99,8 @@ def sweep(dtype: str, device: torch.device, quick: bool, iters: int, warmup: int
         rows.append(measure_shape(m, n, k, dtype, device, iters, warmup))
         if progress and (i % max(1, len(todo) // 6) == 0 or i == len(todo)):  # a few lines, not one per shape
             best = max(r["mean_tflops"] for r in rows)
-            progress(f"matmul {dtype}: {i}/{len(todo)} shapes, best mean {best:,.1f} TFLOP/s")
+            progress(f"matmul {dtype}: {i}/{len(todo)} shapes, best mean "
+                     f"{f'{best:,.1f}' if best >= 10 else f'{best:.3g}'} TFLOP/s")  # a CPU's are fractions of one
     best = max(rows, key=lambda r: r["mean_tflops"])
     return {
         "dtype": dtype, "shapes_tried": len(rows), "iters": iters, "warmup": warmup,

@@ -8,12 +8,14 @@ every run is crossed with the grid. ``--set key=value`` overrides are laid over 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from tunebench.config import RunConfig, build_config, read_yaml
 from tunebench.config.yamlfile import load_yaml_text
@@ -68,6 +70,9 @@ def _mapping(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+MAX_CONFIGURATIONS = 10_000  # a sweep runs each one: far beyond any real sweep
+
+
 def expand(suite: dict[str, Any], sets: dict[str, Any] | None = None) -> list[Entry]:
     """Every configuration of the suite, validated; identical configurations are kept once."""
     base = _mapping(suite.get("base"), "suite 'base'")
@@ -78,6 +83,10 @@ def expand(suite: dict[str, Any], sets: dict[str, Any] | None = None) -> list[En
     runs = suite.get("runs") or [{}]
     if not isinstance(runs, list):
         raise UserError("suite 'runs' must be a list of partial configs")
+    size = math.prod(len(v) for v in axes.values()) * len(runs)  # counted before anything is expanded
+    if size > MAX_CONFIGURATIONS:
+        raise UserError(f"the suite makes {size:,} configurations ({' x '.join(str(len(v)) for v in axes.values())} "
+                        f"axes values x {len(runs)} runs): at most {MAX_CONFIGURATIONS:,}; split it or narrow its axes")
     grid = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())] if axes else [{}]
     entries, seen = [], set()
     for i, run in enumerate(runs):
@@ -103,10 +112,20 @@ def definition(name: str, entries: list[Entry], repeats: int) -> dict[str, Any]:
 
 
 def from_definition(d: dict[str, Any]) -> tuple[str, list[Entry], int]:
-    """(name, entries, repeats) of a stored sweep definition."""
-    return d["name"], [Entry(e["name"], RunConfig.model_validate(e["config"])) for e in d["entries"]], d["repeats"]
+    """(name, entries, repeats) of a stored sweep definition; one damaged past reading is refused in words."""
+    try:
+        return (str(d["name"]), [Entry(str(e["name"]), RunConfig.model_validate(e["config"])) for e in d["entries"]],
+                int(d["repeats"]))
+    except (KeyError, TypeError, ValueError, ValidationError) as err:
+        raise UserError(f"sweep definition {d.get('name', '?') if isinstance(d, dict) else '?'!r} is damaged "
+                        f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}): run its configurations "
+                        "anew") from None
 
 
 def names_by_hash(d: dict[str, Any]) -> dict[str, str]:
-    """Each configuration's name in a stored sweep, by config hash (reports label runs with them)."""
-    return {e.config.config_hash(): e.name for e in from_definition(d)[1]}
+    """Each configuration's name in a stored sweep, by config hash (reports label runs with them); none for a
+    damaged definition (the runs are shown by their configurations instead)."""
+    try:
+        return {e.config.config_hash(): e.name for e in from_definition(d)[1]}
+    except UserError:
+        return {}

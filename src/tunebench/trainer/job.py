@@ -29,6 +29,11 @@ from tunebench.trainer.hooks import JobState, StopRequest, TrainHooks
 from tunebench.trainer.inputs import JobInputs
 
 
+def _counts(stats: dict) -> dict:
+    """The data's figures for the record: the cache's own checksums left out."""
+    return {k: v for k, v in stats.items() if k != "files"}
+
+
 def _prepared(path: str | None) -> Prepared | None:
     return None if path is None else Prepared(Path(path), json.loads((Path(path) / "stats.json").read_text()))
 
@@ -102,7 +107,8 @@ def _figures(inputs: JobInputs, train: Prepared, hooks: TrainHooks, out: Outcome
     eval_loss = st.eval_curve[-1][1] if st.eval_curve else None
     pred = inputs.prediction or {}
     return JobFigures(
-        data=train.stats, eval_data=hooks.eval_data.stats if hooks.eval_data else None, steps=loop.done,
+        data=_counts(train.stats), eval_data=_counts(hooks.eval_data.stats) if hooks.eval_data else None,
+        steps=loop.done,
         planned_steps=inputs.total, epochs=loop.done * cfg.grad_accum / hooks.data.per_epoch,
         tokens=loop.done * hooks.tokens_per_step, train_loss=losses[-1] if losses else None, eval_loss=eval_loss,
         eval_perplexity=math.exp(min(eval_loss, 50)) if eval_loss is not None else None,

@@ -35,6 +35,7 @@ OWN = ("checkpoints", "adapter", "model", "merged", "run.json", "record.json", "
 def locked(out: Path) -> Iterator[None]:
     """This job's exclusive hold on `out` for its whole run: a second job into the same folder is refused naming
     the holder. The lock is the kernel's (flock), so a job that died left nothing to take over by hand."""
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -54,6 +55,10 @@ def locked(out: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+        if created and [p.name for p in out.iterdir()] == [LOCK]:  # refused before writing: leave nothing behind
+            (out / LOCK).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()
 
 
 def claim(out: Path, resume: str | None, overwrite: bool) -> Path | None:
@@ -77,6 +82,18 @@ def claim(out: Path, resume: str | None, overwrite: bool) -> Path | None:
         raise UserError(f"invalid output_dir={out}: holds another training job ({n} checkpoint(s)); give --resume "
                         "latest to continue it, or --overwrite to start anew")
     return None
+
+
+def check_progress(ck: Path, total: int) -> None:
+    """A checkpoint continues this job only if steps are left to train: a finished job is not run again (its model
+    and record are in the folder), a step past the job's total is not this job's."""
+    step = checkpoint.read_state(ck)["step"]
+    if step == total:
+        raise UserError(f"invalid resume={ck}: the job finished there ({step}/{total} steps; its outputs are in "
+                        f"{ck.parent.parent}); nothing is left to train (start anew with --overwrite)")
+    if step > total:
+        raise UserError(f"invalid resume={ck}: the checkpoint is at step {step}, past this job's {total} steps: "
+                        "it is not this job's (same data, batch and max_steps/epochs continue it)")
 
 
 def check_resume(ck: Path, identity: dict[str, Any], fields: dict[str, Any] | None = None) -> None:
