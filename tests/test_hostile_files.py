@@ -191,3 +191,9 @@ def test_a_sweep_whose_definition_outgrows_a_configmap_is_refused_before_registe
     with pytest.raises(UserError, match="ConfigMap holds at most 2,000"):
         deploy_sweep.plan(str(tmp_path / "s.yaml"), {}, 1, store, None, 1)
     assert not store.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_a_full_disk_is_the_machines_fault_named_with_its_path(tb, one_result):
+    code, _, err = tb("results", "export", "--format", "jsonl", "-o", "/dev/full", "--store", str(one_result))
+    assert code == 74 and err.strip().splitlines() == [err.strip()] and "/dev/full: No space left on device" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 import traceback
@@ -15,7 +16,10 @@ from tunebench.errors import UserError
 from tunebench.flags import Parser, add_config_flags, add_run_options, add_train_options
 from tunebench.flags import add_store as _store_arg
 
-INTERNAL_ERROR = 3  # a bug or an environment failure: not bad input (2), not a failed run or regression (1)
+INTERNAL_ERROR = 3  # our bug: not bad input (2), not a failed run or regression (1)
+ENVIRONMENT = 74  # the machine's fault (EX_IOERR): a full disk, a read-only or forbidden path
+ENVIRONMENT_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.EMFILE,
+                      errno.ENFILE}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,13 +235,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tunebench: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:
+        if err.errno not in ENVIRONMENT_FAULTS:
+            return _report_internal(err)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"tunebench: error: {where}{err.strerror or os.strerror(err.errno)} (the machine's, not the "
+              f"configuration's: free space or fix permissions, then run again)", file=sys.stderr)
+        return ENVIRONMENT
     except Exception as err:  # not bad input: say what broke in one line (the traceback on request)
-        if os.environ.get("TUNEBENCH_DEBUG"):
-            traceback.print_exc()
-        what = _readable(str(err).strip().splitlines()[0] if str(err).strip() else "")
-        print(f"tunebench: internal error: {type(err).__name__}: {what} (TUNEBENCH_DEBUG=1 shows the traceback)",
-              file=sys.stderr)
-        return INTERNAL_ERROR
+        return _report_internal(err)
+
+
+def _report_internal(err: BaseException) -> int:
+    if os.environ.get("TUNEBENCH_DEBUG"):
+        traceback.print_exception(err)
+    what = _readable(str(err).strip().splitlines()[0] if str(err).strip() else "")
+    print(f"tunebench: internal error: {type(err).__name__}: {what} (TUNEBENCH_DEBUG=1 shows the traceback)",
+          file=sys.stderr)
+    return INTERNAL_ERROR
 
 
 def _readable(text: str, limit: int = 2000) -> str:

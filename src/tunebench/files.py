@@ -27,17 +27,29 @@ def written_aside(path: str | Path) -> Iterator[Path]:
     never replaced: what it points to is written (aside and renamed there). A device or a pipe (`/dev/stdout`,
     `/dev/null`, a FIFO) is never replaced by a file: it is written into as it is."""
     path = Path(path)
-    if path.exists() and not path.is_file() and not path.is_dir():  # followed through a link too
-        yield path
-        return
-    if path.is_symlink():
-        path = path.resolve()
-    tmp = temp_beside(path)
+    with _naming(path):
+        if path.exists() and not path.is_file() and not path.is_dir():  # followed through a link too
+            yield path
+            return
+        if path.is_symlink():
+            path = path.resolve()
+        tmp = temp_beside(path)
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An OSError while writing `path` (a full disk, a forbidden folder) names it, as an open() would."""
     try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        yield
+    except OSError as err:
+        if not err.filename:
+            err.filename = str(path)
+        raise
 
 
 def write_text(path: str | Path, text: str) -> Path:
