@@ -147,3 +147,11 @@ def test_tables_keep_figures_whole_in_120_columns():
     console.print(rich_table(list_table(recs)))
     out = console.file.getvalue()
     assert out.count("1,234,567.8") == 3 and out.count("76.00 GiB") == 3
+
+
+def test_a_cpu_run_lists_its_peak_host_memory(tb, tmp_path):
+    from conftest import run_json
+
+    run_json(tb, tmp_path / "r.db")
+    code, out, _ = tb("results", "list", "--store", str(tmp_path / "r.db"))
+    assert code == 0 and "peak memory" in out and " GiB RSS" in out

@@ -156,3 +156,21 @@ def test_cost_command(tb, tmp_path):
     cpu = run_json(tb, store)
     code, _, err = tb("cost", cpu["id"], "--store", str(store))
     assert code == 2 and "no offering" in err
+
+
+@pytest.mark.parametrize("step_spread,verdict", [(0.01, "worked"), (0.2, "flat")])
+def test_the_noise_is_the_measured_spread_of_runs_and_steps(tmp_path, step_spread, verdict):
+    """A 10% gain counts where the steps are steady; where one run's steps scatter by 20% (a busy machine), it is
+    within the noise. A train job's data and outputs are no levers."""
+    from tunebench.record import StepTimes
+    from tunebench.report.context import ReportContext
+
+    base, faster = _gpu_record(1000.0, 2**30), _gpu_record(1100.0, 2**30, seq=1024)
+    for r in (base, faster):
+        r.metrics.step_time_s = StepTimes(p50=1.0, p90=1.1, p99=1.2, mean=1.0, std=step_spread)
+    faster.config |= {"data": "a.jsonl", "output_dir": "out"}
+    ctx = ReportContext([base, faster], tmp_path)
+    ((rs, eff, noise),) = ctx.effects()
+    assert eff == pytest.approx(0.1) and noise == pytest.approx(max(0.02, 2 * step_spread))
+    assert (eff > noise) == (verdict == "worked")
+    assert ctx.lever(rs) == "seq_len 512 -> 1024"

@@ -102,3 +102,12 @@ def label(rec: ResultRecord, names: dict[str, str] | None = None) -> str:
         return names[rec.config_hash]
     ran = (getattr(rec.metrics, "compile_scope", None) or "") if rec.config.get("compile") == "auto" else None
     return config_label(rec.config, rec.kind, getattr(rec.metrics, "world_size", None), ran)
+
+
+def peak_memory(m: Any) -> str:
+    """A run's peak memory: the GPU's allocated peak, or on the CPU the process's peak resident set (RSS)."""
+    alloc = getattr(m, "peak_mem_allocated_bytes", None)
+    if alloc:
+        return gib(alloc)
+    rss = getattr(m, "peak_rss_bytes", None)
+    return f"{gib(rss)} RSS" if rss else "-"

@@ -11,7 +11,8 @@ from tunebench.format import label
 from tunebench.record import ResultRecord
 from tunebench.report.cost import DEFAULT_JOB_SAMPLES, Cost, Offering, cheapest
 
-NOISE = 0.05  # effects smaller than this are reported as no measurable change
+# the smallest noise an effect must exceed, however steady the runs: below it a change is no finding
+NOISE_FLOOR = 0.02
 CV_LIMIT = 0.02  # repeats whose throughput varies more than this are flagged as noisy
 
 
@@ -60,10 +61,11 @@ class ReportContext:
 
     def effects(self) -> list[tuple[list[ResultRecord], float | None, float]]:
         """Each group other than the baseline: its tokens/s change (None: it never ran ok), and the noise
-        that change has to exceed to count (5%, or twice the larger spread of repeats, whichever is more)."""
+        that change has to exceed to count, as measured: twice the larger spread of the two groups' repeated runs
+        or of their runs' steps (a busy machine's runs scatter), and at least NOISE_FLOOR."""
         b_tps = mean_tps(self.baseline)
         return [(rs, None if (tps := mean_tps(rs)) is None else tps / b_tps - 1,
-                 max(NOISE, 2 * cv(rs), 2 * cv(self.baseline)))
+                 max(NOISE_FLOOR, 2 * spread(rs), 2 * spread(self.baseline)))
                 for rs in self.groups.values() if rs is not self.baseline]
 
 
@@ -82,6 +84,14 @@ def cv(rs: list[ResultRecord]) -> float:
     return statistics.stdev(t) / statistics.fmean(t) if len(t) > 1 else 0.0
 
 
+def spread(rs: list[ResultRecord]) -> float:
+    """How much a group's throughput is measured to scatter: the spread of its repeated runs' tokens/s, or of one
+    run's step times (std / mean), whichever is larger."""
+    steps = [r.metrics.step_time_s.std / r.metrics.step_time_s.mean for r in rs
+             if r.status == "ok" and r.metrics.step_time_s and r.metrics.step_time_s.mean]
+    return max([cv(rs), *steps])
+
+
 def mean_tps(rs: list[ResultRecord]) -> float | None:
     ok = [r.metrics.tokens_per_s for r in rs if r.status == "ok" and r.metrics.tokens_per_s]
     return statistics.fmean(ok) if ok else None
@@ -89,7 +99,7 @@ def mean_tps(rs: list[ResultRecord]) -> float | None:
 
 def diff(base: dict, other: dict) -> dict[str, tuple]:
     """The workload keys two configurations differ in (launch and measurement settings are not levers)."""
-    keys = (set(base) | set(other)) - not_levers(RunConfig)
+    keys = (set(base) | set(other)) & set(RunConfig.model_fields) - not_levers(RunConfig)  # a job's data: no lever
     return {k: (base.get(k), other.get(k)) for k in sorted(keys) if base.get(k) != other.get(k)}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from tunebench.document import Table
-from tunebench.format import compiled, config_label, first_line, fmt, gib, label, p50_ms, pct, step_times
+from tunebench.format import compiled, config_label, first_line, fmt, gib, label, p50_ms, pct, peak_memory, step_times
 from tunebench.record import ResultRecord
 from tunebench.report.context import CV_LIMIT
 
@@ -52,15 +52,14 @@ def run_table(rec: ResultRecord) -> Table:
 
 
 def list_table(records: list[ResultRecord]) -> Table:
-    t = Table(["id", "created", "kind", "status", "model", "method / what", "device", "tokens/s", "peak alloc",
+    t = Table(["id", "created", "kind", "status", "model", "method / what", "device", "tokens/s", "peak memory",
                "tags"], title=f"{len(records)} results")
     for r in records:
         m = r.metrics
         what = r.config.get("method") or r.config.get("precision") or ",".join(r.config.get("sections", []))
         t.add(r.id[:12], r.created_at.replace("+00:00", "Z"), r.kind, r.status, str(r.config.get("model", "-")),
               str(what), r.environment.get("gpu", {}).get("name") or r.environment.get("device"),
-              fmt(getattr(m, "tokens_per_s", None)), gib(getattr(m, "peak_mem_allocated_bytes", None)),
-              ",".join(r.tags))
+              fmt(getattr(m, "tokens_per_s", None)), peak_memory(m), ",".join(r.tags))
     return t
 
 

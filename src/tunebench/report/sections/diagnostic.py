@@ -36,7 +36,7 @@ def section(ctx: ReportContext) -> Section | None:
             + ("" if dmem is None else f", peak memory {dmem:+.1%}"))
     s = Section("Diagnostic analysis", [f"Baseline: {ctx.label(ctx.baseline[0])}.", t])
     for head, items in (("What worked (faster beyond the noise)", worked),
-                        ("No measurable effect (within the noise: ±5%, or twice the repeats' spread)", flat),
+                        ("No measurable effect (within the noise: twice the measured spread of runs and steps)", flat),
                         ("What did not work (slower, or failed)", broke)):
         if items:
             s.add(f"**{head}:** " + "; ".join(items) + ".")

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 from tunebench.document import Figure, Section, Table
-from tunebench.format import error_cell, fmt, p50_ms, pct
+from tunebench.format import error_cell, fmt, p50_ms, pct, peak_memory
 from tunebench.report import plots
 from tunebench.report.context import CV_LIMIT, ReportContext, cv
-from tunebench.units import GIB
 
 
 def section(ctx: ReportContext) -> Section | None:
     if not ctx.train:
         return None
-    t = Table(["configuration", "status", "tokens/s", "per device", "samples/s", "step p50 ms", "peak alloc GiB", "MFU",
+    t = Table(["configuration", "status", "tokens/s", "per device", "samples/s", "step p50 ms", "peak memory", "MFU",
                "error"])
     for r in ctx.train:
         m = r.metrics
         t.add(ctx.label(r), r.status, fmt(m.tokens_per_s), fmt(m.tokens_per_s_per_gpu), fmt(m.samples_per_s, ",.3f"),
-              p50_ms(m.step_time_s), fmt(m.peak_mem_allocated_bytes, ".2f", GIB), pct(m.mfu), error_cell(r))
+              p50_ms(m.step_time_s), peak_memory(m), pct(m.mfu), error_cell(r))
     s = Section("Training performance", [t])
     if (p := plots.throughput(ctx.ok, ctx.out, ctx.names)):
         s.add(Figure(p))
