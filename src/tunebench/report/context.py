@@ -61,7 +61,7 @@ class ReportContext:
 
     def effects(self) -> list[tuple[list[ResultRecord], float | None, float]]:
         """Each group other than the baseline: its tokens/s change (None: it never ran ok), and the noise
-        that change has to exceed to count, as measured: twice the larger spread of the two groups' repeated runs
+        that change has to exceed to count: twice the larger spread of the two groups' repeated runs
         or of their runs' steps (a busy machine's runs scatter), and at least NOISE_FLOOR."""
         b_tps = mean_tps(self.baseline)
         return [(rs, None if (tps := mean_tps(rs)) is None else tps / b_tps - 1,
