@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import types
-from typing import Any, Literal, NoReturn, Union, get_args, get_origin
+from typing import Any, NoReturn, get_origin
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 from tunebench.config import RunConfig, load_config
+from tunebench.config.annotations import REQUIRED, alternatives, default_value, words
 from tunebench.config.topics import topics_of
 from tunebench.errors import UserError
 
@@ -42,15 +41,12 @@ class Parser(argparse.ArgumentParser):
 
 def _is_bool(annotation: object) -> bool:
     """bool, or bool | None (an unset switch that means 'decide for me')."""
-    if get_origin(annotation) in (Union, types.UnionType):
-        return set(get_args(annotation)) == {bool, type(None)}
-    return annotation is bool
+    return annotation is bool or set(alternatives(annotation)) == {bool, type(None)}
 
 
 def _is_switch_or_word(annotation: object) -> bool:
     """bool | Literal["auto"]: a switch that also takes a word (`--compile`, `--no-compile`, `--compile auto`)."""
-    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else ()
-    return bool in args and any(get_origin(a) is Literal for a in args)
+    return bool in alternatives(annotation) and bool(words(annotation))
 
 
 def _switch_or_word(value: str) -> bool | str:
@@ -59,28 +55,22 @@ def _switch_or_word(value: str) -> bool | str:
 
 
 def _is_list(annotation: object) -> bool:
-    if get_origin(annotation) in (Union, types.UnionType):
-        return any(_is_list(a) for a in get_args(annotation))
-    return get_origin(annotation) is list
-
-
-def _choices(annotation: object) -> str | None:
-    """{a,b,c} for a field that takes one of a few words."""
-    words = [w for a in (get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,))
-             if get_origin(a) is Literal for w in get_args(a)]
-    return "{" + ",".join(str(w) for w in words) + "}" if words else None
+    return any(get_origin(a) is list for a in alternatives(annotation))
 
 
 def _metavar(annotation: object) -> str:
-    kinds = set(get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,))
+    """{a,b,c} for a field that takes one of a few words, else what kind of value it takes."""
+    if choices := words(annotation):
+        return "{" + ",".join(str(w) for w in choices) + "}"
+    kinds = set(alternatives(annotation))
     return "N" if int in kinds else "X" if float in kinds else "TEXT"
 
 
 def _default(field: Any) -> str:
-    if field.default_factory is not None:
-        value = field.default_factory()
+    value = default_value(field)
+    if isinstance(value, list):
         return f" (default {','.join(map(str, value))})" if value else ""
-    return "" if field.default is None or field.default is PydanticUndefined else f" (default {field.default})"
+    return "" if value is None or value is REQUIRED else f" (default {value})"
 
 
 def add_config_flags(p: argparse.ArgumentParser, cls: type[BaseModel] = RunConfig) -> None:
@@ -101,16 +91,14 @@ def _add_flag(p: Any, name: str, field: Any) -> None:
         on = {True: " (default on)", False: " (default off)"}.get(field.default, "")
         p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_ + on)
     elif _is_switch_or_word(field.annotation):
-        words = "|".join(w for a in get_args(field.annotation) if get_origin(a) is Literal for w in get_args(a))
         p.add_argument(flag, dest=name, nargs="?", const=True, type=_switch_or_word, default=None,
-                       metavar=words, help=f"{help_} (default {field.default})")
+                       metavar="|".join(words(field.annotation)), help=f"{help_} (default {field.default})")
         p.add_argument("--no-" + flag[2:], dest=name, action="store_const", const=False, help=argparse.SUPPRESS)
     elif _is_list(field.annotation):
         p.add_argument(flag, dest=name, action="append", default=None, help=help_ + " (repeatable)")
     else:
         shown = help_ if help_ == argparse.SUPPRESS else (help_ + _default(field)).strip()
-        p.add_argument(flag, dest=name, default=None, metavar=_choices(field.annotation) or _metavar(field.annotation),
-                       help=shown)
+        p.add_argument(flag, dest=name, default=None, metavar=_metavar(field.annotation), help=shown)
 
 
 def add_store(p: argparse.ArgumentParser) -> None:

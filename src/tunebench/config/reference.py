@@ -3,12 +3,11 @@ docs/configuration.md` (tests/test_docs.py fails when the file is stale)."""
 
 from __future__ import annotations
 
-import types
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
+from tunebench.config.annotations import REQUIRED, alternatives, default_value
 from tunebench.config.bench import HwConfig, InferConfig, LoadConfig
 from tunebench.config.run import RunConfig
 from tunebench.config.topics import topics_of
@@ -38,9 +37,8 @@ COMMANDS: list[tuple[str, type[BaseModel], str]] = [
 
 
 def _values(annotation: Any) -> str:
-    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
     out = []
-    for a in args:
+    for a in alternatives(annotation):
         if get_origin(a) is Literal:
             out += [f"`{w}`" for w in get_args(a)]
         elif get_origin(a) is list:
@@ -51,14 +49,14 @@ def _values(annotation: Any) -> str:
 
 
 def _default(field: Any) -> str:
-    if field.default_factory is not None:
-        value = field.default_factory()
+    value = default_value(field)
+    if isinstance(value, list):
         return ", ".join(f"`{v}`" for v in value) if value else "none"
-    if field.default is PydanticUndefined:
+    if value is REQUIRED:
         return "required"
-    if field.default is None:
+    if value is None:
         return "unset"
-    return f"`{str(field.default).lower() if isinstance(field.default, bool) else field.default}`"
+    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
 def _row(name: str, field: Any) -> str:

@@ -2,7 +2,7 @@
 
 A refit changes this file only (and a strategy's own facts, in its row of tunebench.strategies.STRATEGIES). The
 formulas that read these rows are in plan.speed, plan.memory, plan.activations and plan.hardware; the records they
-were fitted on are in tests/data/planner, the figures in benchmarks/results/planner.md. "Hopper host" is the H200
+were fitted on are in tests/data/planner, the figures in benchmarks/results/planner.md. "The reference host" is the
 machine whose host figures (hw.host's dispatch time) scale the host rows to another host (plan.hardware).
 `rows()` lists the table (`tunebench plan --calibration` prints it).
 """
@@ -21,38 +21,38 @@ def fitted(value: Any, unit: str, on: str) -> Any:
 @dataclass(frozen=True)
 class Calibration:
     # --- the hardware's ceilings when the store has no `tunebench hw` record of the GPU (plan.hardware)
-    mamf_of_peak: float = fitted(0.80, "share of the dense bf16 peak", "MAMF of H200s (tunebench hw)")
-    fp32_mamf_of_peak: float = fitted(0.76, "share of the CUDA cores' fp32 peak", "fp32 MAMF of an H100, TF32 off")
-    copy_of_spec: float = fitted(0.81, "share of the spec's memory bandwidth", "device copy on H200 hosts")
-    busbw_of_link: float = fitted(0.78, "share of the GPU's link bandwidth", "all-reduce bus bandwidth on 4 H200s")
+    mamf_of_peak: float = fitted(0.80, "share of the dense bf16 peak", "MAMF in tunebench hw records")
+    fp32_mamf_of_peak: float = fitted(0.76, "share of the CUDA cores' fp32 peak", "fp32 MAMF in hw records, TF32 off")
+    copy_of_spec: float = fitted(0.81, "share of the spec's memory bandwidth", "device copy in tunebench hw records")
+    busbw_of_link: float = fitted(0.78, "share of the GPU's link bandwidth", "all-reduce bus bandwidth in hw records")
     inter_node_gbps: float = fitted(25.0, "GB/s per GPU across nodes", "200 Gb/s NICs' line rate (not measured)")
-    reference_host_dispatch_us: float = fitted(1648.0, "us (hw.host dispatch)", "the Hopper host")
+    reference_host_dispatch_us: float = fitted(1648.0, "us (hw.host dispatch)", "the reference host")
 
     # --- GEMMs (plan.speed)
-    gemm_peak_share: float = fitted(0.93, "share of the matmul ceiling", "wide models' GEMMs profiled on Hopper")
+    gemm_peak_share: float = fitted(0.93, "share of the matmul ceiling", "wide models' GEMMs, profiled")
     gemm_floor_share: float = fitted(0.05, "share of the matmul ceiling", "a floor for very narrow models (not fitted)")
     adapter_matmul_share: float = fitted(0.15, "share of the matmul ceiling", "rank-r LoRA GEMMs on the LoRA records")
     narrow_hidden: float = fitted(400, "hidden size", "GEMM efficiency against hidden size, GPT-2 small profiled")
     matmul_half_tokens: float = fitted(600, "tokens per micro-batch", "short micro-batches on every GPU record")
-    fp32_matmul_half_work: float = fitted(2.4e5, "tokens x hidden", "fp32 GEMMs profiled on an H100")
-    tf32_of_bf16_efficiency: float = fitted(0.85, "share of bf16's curve", "TF32 GEMMs profiled on an H100")
+    fp32_matmul_half_work: float = fitted(2.4e5, "tokens x hidden", "fp32 GEMMs, profiled")
+    tf32_of_bf16_efficiency: float = fitted(0.85, "share of bf16's curve", "TF32 GEMMs, profiled")
     head_align: int = fitted(64, "rows", "cuBLAS's aligned kernels (an unpadded GPT-2 head)")
     unaligned_head_slowdown: float = fitted(8.0, "x", "GPT-2 runs made before the loss padded its head")
     float8_gemm_speedup: dict = fitted({"off": 1.0, "tensorwise": 1.45, "rowwise": 1.3}, "x bf16's block GEMMs",
-                                       "Llama-3-8B full FSDP2 on 2 and 4 H200s")
+                                       "Llama-3-8B full FSDP2 runs")
     float8_frozen_speedup: float = fitted(1.43, "x bf16", "a frozen base's two products a layer, kernels_vs.py")
     moe_grouped_efficiency: float = fitted(0.6, "share of a dense GEMM of as many rows",
-                                           "Qwen3-30B-A3B runs on an H100")
+                                           "Qwen3-30B-A3B runs")
     expert_delta_bytes: float = fitted(38, "bytes per expert weight and pass", "one Qwen3-30B-A3B expert-LoRA run")
 
     # --- attention (plan.speed)
     attention_of_peak: float = fitted(0.95, "share of the dense peak at long sequences",
-                                      "cuDNN's and flash's causal kernels profiled on Hopper, s512-s4096")
+                                      "cuDNN's and flash's causal kernels, profiled")
     attention_half_seq: float = fitted(4096, "tokens", "the same profiles")
     attention_dropout_slowdown: float = fitted(1.6, "x", "GPT-2 small s2048 with and without dropout, one job")
-    fp32_attention_of_peak: float = fitted(0.64, "share of the fp32 peak", "SDPA's memory-efficient kernel, H100")
+    fp32_attention_of_peak: float = fitted(0.64, "share of the fp32 peak", "SDPA's memory-efficient kernel, profiled")
     fp32_attention_half_seq: float = fitted(880, "tokens", "the same kernel at 1,024 and 2,048 tokens")
-    fp32_attention_dropout_slowdown: float = fitted(1.15, "x", "GPT-2 small fp32 with dropout, H100")
+    fp32_attention_dropout_slowdown: float = fitted(1.15, "x", "GPT-2 small fp32 runs with dropout")
 
     # --- memory-bound kernels, the loss and the optimizer (plan.speed)
     elementwise_bytes: dict = fitted(
@@ -60,33 +60,33 @@ class Calibration:
         "bytes moved per byte saved for backward, by (architecture, compiled)", "every GPU record, after profiles")
     fp32_elementwise_bytes: dict = fitted(
         {("gpt2", False): 3.7, ("gpt2", True): 2.2, ("llama", False): 6.3, ("llama", True): 2.35},
-        "bytes per saved byte in fp32", "GPT-2 small and Llama-3.2-1B fp32 profiled on an H100")
-    loss_bytes_per_logit: float = fitted(9, "bytes per 16-bit logit", "the compiled softmax of the fused loss, H100")
+        "bytes per saved byte in fp32", "GPT-2 small and Llama-3.2-1B fp32, profiled")
+    loss_bytes_per_logit: float = fitted(9, "bytes per 16-bit logit", "the fused loss's compiled softmax")
     optimizer_bytes: dict = fitted({"adamw": 118, "adamw_fused": 77, "adamw_8bit": 50, "paged_adamw_8bit": 50},
                                    "bytes moved per trained parameter a step",
-                                   "Llama-3.2-1B full on an H200 (strategies may override: their rows)")
+                                   "Llama-3.2-1B full runs (strategies may override: their rows)")
     host_adam_s_per_param: float = fitted(0.45e-9, "s per parameter, all of a node's cores",
-                                          "Llama-3-8B full ZeRO-3 offload on one H200 of a 64-core host")
+                                          "one Llama-3-8B full ZeRO-3 offload run")
     offload_bytes_per_param: float = fitted(4, "bytes over PCIe per parameter", "bf16 gradient down, weight up")
-    pcie_bytes_per_s: float = fitted(20e9, "bytes/s", "pinned copies on the Hopper host")
+    pcie_bytes_per_s: float = fitted(20e9, "bytes/s", "pinned copies on the reference host")
     activation_copy_bytes_per_s: float = fitted(20e9, "bytes/s one way", "offload=activations, Mistral-7B QLoRA")
     copies_exposed: float = fitted(0.4, "share of the copies' time not hidden", "the same runs")
 
     # --- the host (plan.speed; scaled by this host's dispatch time)
-    host_per_adapter_s: float = fitted(0.5e-3, "s per adapted linear and pass, eager", "LoRA runs on the Hopper host")
+    host_per_adapter_s: float = fitted(0.5e-3, "s per adapted linear and pass, eager", "LoRA runs, reference host")
     host_per_compiled_block_s: float = fitted(2.5e-3, "s per block and micro-batch", "every GPU record")
-    whole_graph_host_per_block_s: float = fitted(1.6e-3, "s per block and micro-batch", "GPT-2 small whole, H100")
-    cuda_graph_host_per_block_s: float = fitted(0.6e-3, "s per block and micro-batch", "GPT-2 small, H100")
+    whole_graph_host_per_block_s: float = fitted(1.6e-3, "s per block and micro-batch", "GPT-2 small compiled whole")
+    cuda_graph_host_per_block_s: float = fitted(0.6e-3, "s per block and micro-batch", "GPT-2 small replayed")
     deepspeed_per_micro_s: float = fitted(8e-3, "s per micro-batch", "DeepSpeed's engine hooks, ZeRO records")
     launch_gaps: float = fitted(0.1, "share of the shorter of GPU and host time", "eager records")
     launch_gaps_compiled: float = fitted(0.05, "share of the shorter of GPU and host time", "compiled records")
 
     # --- memory (plan.memory, plan.activations)
     context_bytes: dict = fitted({1: int(1.45 * 2**30), "nccl": int(2.1 * 2**30), "nccl-multi": int(2.4 * 2**30)},
-                                 "bytes (NVML used - reserved)", "H100 and H200 runs: one process, NCCL, NCCL x N")
+                                 "bytes (NVML used - reserved)", "GPU runs: one process, NCCL, NCCL x N")
     reserve_floor_bytes: float = fitted(0.25 * 2**30, "bytes", "the allocator's smallest reserve seen")
-    traced_extra_blocks: float = fitted(1.25, "blocks of activations", "Mistral-7B LoRA and QLoRA on an H200")
-    cuda_graph_pool_slack: float = fitted(0.15 * 2**30, "bytes", "GPT-2 small's pools on an H100")
+    traced_extra_blocks: float = fitted(1.25, "blocks of activations", "Mistral-7B LoRA and QLoRA runs")
+    cuda_graph_pool_slack: float = fitted(0.15 * 2**30, "bytes", "GPT-2 small's CUDA graph pools")
     graph_pool_own_gradients: float = fitted(0.75, "share of the gradients", "Llama-3.2-1B and GPT-2 medium pools")
     expert_delta_kept_bytes: float = fitted(2.45, "bytes per adapted expert weight",
                                             "autograd's saved tensors of Mixtral- and Qwen3-MoE-shaped blocks")
