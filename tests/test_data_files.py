@@ -77,6 +77,11 @@ UNREADABLE = {
     "blank lines only": (lambda p: (p.write_text("\n \n"), p)[1], "holds no rows"),
     "one JSON string": (lambda p: (p.with_suffix(".json").write_text('"text"'), p.with_suffix(".json"))[1],
                         "holds one JSON value, not rows"),
+    "a line nested past Python's limit": (lambda p: (p.write_text('{"text": "a"}\n{"text": ' + "[" * 100_000 +
+                                                                  "]" * 100_000 + "}\n"), p)[1],
+                                          "line 2 nests its JSON too deeply to be read"),
+    "an array nested past Python's limit": (lambda p: (p.with_suffix(".json").write_text("[" * 100_000 + "]" * 100_000),
+                                                       p.with_suffix(".json"))[1], "nests its JSON too deeply"),
 }
 
 
@@ -264,6 +269,14 @@ def test_the_cli_refuses_in_one_line(tb, model, tmp_path, monkeypatch, extra, ne
     data = _jsonl(tmp_path / "d.jsonl", [GOOD_PAIR] * 8 + [{"prompt": "x"}, {"prompt": "y", "completion": None}])
     code, out, err = _train(tb, model, data, tmp_path, *extra)
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err and f"invalid data={data}: " in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("cache", ["/proc/no-such-place", "/dev/null"])
+def test_a_cache_that_cannot_be_made_is_named(tb, model, tmp_path, monkeypatch, cache):
+    monkeypatch.setenv("TUNEBENCH_CACHE", cache)
+    code, _, err = _train(tb, model, _jsonl(tmp_path / "d.jsonl", [GOOD_PAIR] * 8), tmp_path)
+    assert code == 2 and f"invalid TUNEBENCH_CACHE={cache}: cannot write there" in err, err
     assert not (tmp_path / "out").exists()
 
 

@@ -155,3 +155,21 @@ def test_a_cpu_run_lists_its_peak_host_memory(tb, tmp_path):
     run_json(tb, tmp_path / "r.db")
     code, out, _ = tb("results", "list", "--store", str(tmp_path / "r.db"))
     assert code == 0 and "peak memory" in out and " GiB RSS" in out
+
+
+def test_a_long_run_says_how_long_it_will_take_and_never_goes_quiet(capsys, monkeypatch):
+    from tunebench.config import RunConfig
+    from tunebench.console import progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])  # a step takes 50 ms of this clock
+    with progress.run_progress(RunConfig(model="tiny-llama", device="cpu", steps=10**9)) as step:
+        for i in range(5):
+            clock[0] += 0.05
+            step(i, 6.9)
+        clock[0] += 31  # a tenth of the run is far off: the log still hears from it
+        step(5, 6.8)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert "1,000,000,000 steps: about 579 days at 0.05 s a step (from the first 3)" in lines[0]
+    assert "step 6/1,000,000,000 loss 6.8000 (31 s; about" in lines[1]

@@ -59,6 +59,21 @@ def test_run_timeout_ends_a_hung_distributed_run(tmp_path):
     assert [r.status for r in Store(tmp_path / "r.db").records()] == ["timeout"]
 
 
+def test_watchdog_ends_ranks_stuck_outside_a_collective(tmp_path):
+    # every rank hangs between steps: no collective waits, so only the step watchdog (`timeout`) can end them
+    started = time.time()
+    p = cli_subprocess("run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "32", "--steps", "4",
+                       "--warmup", "1", "--strategy", "ddp", "--nproc-per-node", "2", "--fault", "hang@1",
+                       "--tag", "t-watchdog", "--timeout", "6", "--json", "--store", str(tmp_path / "r.db"),
+                       timeout=300)
+    rec = json.loads(p.stdout)
+    assert p.returncode == 1 and rec["status"] == "timeout", rec["error"]
+    assert "made no progress for 6 s" in rec["error"] and "inject_fault" in rec["error"]  # where it was stuck
+    assert "To enable traceback" not in rec["error"]
+    assert time.time() - started < 120
+    assert runs_gone("t-watchdog")
+
+
 def test_one_runner_per_sweep(tmp_path):
     path = _suite(tmp_path, [{"name": "slow", "steps": 100000, "tag": ["t-lock"]}, {"name": "b"}])
     store = tmp_path / "r.db"

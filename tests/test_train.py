@@ -453,3 +453,34 @@ def test_a_damaged_tokenization_cache_is_built_again(tb, local, tmp_path, capsys
     assert code == 0 and "damaged or from an older version: tokenizing again" in out + err, err
     (again,) = (tmp_path / "cache").rglob("ids.npy")
     assert np.load(again).shape[1] == 64  # whole again: rows of seq_len tokens
+
+
+def test_the_users_tokenizer_and_model_folders_may_go_while_the_job_trains(tb, local, tmp_path, monkeypatch):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tunebench.engine import loop
+
+    model, tokenizer = tmp_path / "model", tmp_path / "tokenizer"
+    shutil.copytree(local / "model", model)
+    shutil.copytree(local / "model", tokenizer)
+    run_loop = loop.run_loop
+
+    def then_removed(*args, **kwargs):  # training: what the job read of the user's folders is all it gets
+        shutil.rmtree(model)
+        shutil.rmtree(tokenizer)
+        return run_loop(*args, **kwargs)
+
+    monkeypatch.setattr("tunebench.trainer.job.run_loop", then_removed)
+    argv = [a if a != str(local / "model") else str(model) for a in _args(local)]
+    code, out, err = tb(*argv, "--tokenizer", str(tokenizer), "--method", "lora", "--merge", "--max-steps", "2",
+                        "--warmup", "1", "--no-store", "--output-dir", str(tmp_path / "out"))
+    assert code == 0, err
+    assert not model.exists() and not tokenizer.exists()
+    original = AutoTokenizer.from_pretrained(local / "model")
+    for saved in (".tokenizer", "adapter", "merged"):
+        tok = AutoTokenizer.from_pretrained(tmp_path / "out" / saved)
+        assert tok.get_vocab() == original.get_vocab() and tok.eos_token == original.eos_token
+    gen = json.loads((tmp_path / "out" / "merged" / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == original.eos_token_id and gen["use_cache"] is True

@@ -29,6 +29,15 @@ def pct(v: float | None, spec: str = ".1%") -> str:
     return "-" if v is None else f"{v:{spec}}"
 
 
+def duration(seconds: float) -> str:
+    """A span of time as a person reads it: '40 s', '12 min', '3.4 h', '9 days', '31 years'."""
+    for unit, size, limit, spec in (("s", 1, 90, ".0f"), ("min", 60, 90, ".0f"), ("h", 3600, 48, ".1f"),
+                                    ("days", 86400, 730, ".0f")):
+        if seconds < size * limit:
+            return f"{seconds / size:{spec}} {unit}"
+    return f"{seconds / (365.25 * 86400):,.0f} years"
+
+
 def step_times(st: StepTimes | None) -> str:
     """p50 / p90 / p99 in milliseconds."""
     return "-" if not st else f"{st.p50 * 1e3:.1f} / {st.p90 * 1e3:.1f} / {st.p99 * 1e3:.1f} ms"

@@ -21,7 +21,7 @@ from tunebench.data.tokenizer import fingerprint, load_tokenizer
 from tunebench.environment import environment
 from tunebench.errors import UserError
 from tunebench.files import write_text
-from tunebench.format import headline
+from tunebench.format import duration, headline
 from tunebench.launch import launcher_for
 from tunebench.record import ResultRecord
 from tunebench.run_preflight import preflight
@@ -63,7 +63,7 @@ def _announce(cfg: TrainConfig, total: int, world: int, pred: dict | None, gpu: 
     line = f"train: {total:,} steps x {cfg.batch_size * cfg.grad_accum * world} x {cfg.seq_len} = {tokens:,} tokens"
     if pred:
         secs = tokens / pred["tokens_per_s"]
-        line += f"; expected {secs / 60:.1f} min from {pred['source']} ({pred['tokens_per_s']:,.0f} tokens/s)"
+        line += f"; expected {duration(secs)} from {pred['source']} ({pred['tokens_per_s']:,.0f} tokens/s)"
         line += _cost(secs, world, gpu)
     else:
         line += f"; no stored benchmark of this workload on {gpu or 'this CPU'}: the time will be predicted from " \
@@ -104,13 +104,23 @@ def _prepare(cfg: TrainConfig, plan) -> tuple[JobInputs, Prepared]:
     if ck:
         output.check_resume(ck, identity, hashed_fields(RunConfig, run_cfg.model_dump()))
         say(f"train: resuming from {ck}")
-    tok_dir = cfg.tokenizer or str(plan.spec.path)
     total = total_steps(cfg, train_rows.rows, plan.world_size)
     if ck:
         output.check_progress(ck, total)
-    inputs = JobInputs(str(train_rows.path), str(eval_rows.path) if eval_rows else None, tok_dir, total, identity,
-                       str(ck) if ck else None)
+    # what the job saves at its end is read now: the user's folders may change or go while it trains
+    tok_dir = output.keep_tokenizer(Path(cfg.output_dir), tok)
+    inputs = JobInputs(str(train_rows.path), str(eval_rows.path) if eval_rows else None, str(tok_dir), total,
+                       identity, str(ck) if ck else None, generation=_generation(cfg, plan.spec, tok))
     return inputs, train_rows
+
+
+def _generation(cfg: TrainConfig, spec, tok) -> dict:
+    """The saved models' generation config: the model folder's, with the tokenizer's ids (models.save)."""
+    from tunebench.models.save import generation_config
+
+    own = cfg.tokenizer is None or (spec.path is not None and Path(cfg.tokenizer).expanduser().resolve() ==
+                                    Path(spec.path).resolve())
+    return generation_config(tok, spec.path, own).to_dict()
 
 
 def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | None:

@@ -110,8 +110,8 @@ class RunConfig(BaseModel):
                                       json_schema_extra=LAUNCH)
     rdzv_id: str | None = Field(None, description="rendezvous id shared by all nodes (unset: from the config)",
                                 json_schema_extra=LAUNCH)
-    timeout: float = Field(600.0, gt=0, description="collective timeout in seconds: a dead or stuck rank fails the "
-                                                    "run after this", json_schema_extra=LAUNCH)
+    timeout: float = Field(600.0, gt=0, description="seconds a distributed run's rank may wait in a collective or "
+                                                    "go without a step; then every rank ends", json_schema_extra=LAUNCH)
     run_timeout: float | None = Field(None, gt=0, description="wall-clock limit of the whole run in seconds, every "
                                                               "rank; then status timeout", json_schema_extra=LAUNCH)
     tag: list[str] = Field(default_factory=list, description="free-text labels stored with the record",

@@ -1,4 +1,5 @@
-"""Progress of a run on stderr: a live bar on a terminal, a line every tenth of the run otherwise."""
+"""Progress of a run on stderr: a live bar on a terminal, otherwise a line every tenth of the run and at least every
+half minute; a long run says how long it will take after its first steps."""
 
 from __future__ import annotations
 
@@ -8,35 +9,76 @@ import time
 from collections.abc import Callable, Iterator
 
 from tunebench.config import RunConfig
-from tunebench.format import config_label
+from tunebench.format import config_label, duration
 
 ProgressFn = Callable[[int, float | None], None]
+
+
+EXPECT_AFTER = (3, 10.0)  # the expected time is told after this many steps or seconds, whichever comes first
+QUIET_S = 30.0  # the longest a log goes without a line
+
+
+class _Pace:
+    """How long the run has taken and will take, from the steps so far; says once, early, when it is long."""
+
+    def __init__(self, steps: int):
+        self.steps, self.t0, self.told = steps, time.perf_counter(), False
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self, done: int) -> float:
+        return self.elapsed() / done * (self.steps - done)
+
+    def expectation(self, done: int) -> str | None:
+        """One line, once, after the first steps: the expected time of the whole run, when it is long."""
+        if self.told or (done < EXPECT_AFTER[0] and self.elapsed() < EXPECT_AFTER[1]) or done >= self.steps:
+            return None
+        self.told = True
+        if self.left(done) < 60:
+            return None
+        return (f"{self.steps:,} steps: about {duration(self.elapsed() + self.left(done))} at "
+                f"{self.elapsed() / done:.3g} s a step (from the first {done}); --steps sets fewer")
 
 
 @contextlib.contextmanager
 def run_progress(cfg: RunConfig, label: str = "") -> Iterator[ProgressFn]:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     name = label or config_label(cfg.model_dump())
     console = Console(stderr=True)
+    pace = _Pace(cfg.steps)
     if not console.is_terminal:  # logs (kubectl, Slurm, CI): plain lines, not a redrawn bar
-        t0, every = time.perf_counter(), max(1, cfg.steps // 10)
+        every, last = max(1, cfg.steps // 10), [0.0]
 
         def line(i: int, loss: float | None) -> None:
-            if (i + 1) % every == 0 or i + 1 == cfg.steps:
+            if (told := pace.expectation(i + 1)) is not None:
+                print(f"{name}: {told}", file=sys.stderr, flush=True)
+            if (i + 1) % every == 0 or i + 1 == cfg.steps or pace.elapsed() - last[0] >= QUIET_S:
+                last[0] = pace.elapsed()
                 shown = "" if loss is None else f" loss {loss:.4f}"
-                print(f"{name}: step {i + 1}/{cfg.steps}{shown} ({time.perf_counter() - t0:.1f} s)",
+                left = f"; about {duration(pace.left(i + 1))} left" if i + 1 < cfg.steps else ""
+                print(f"{name}: step {i + 1:,}/{cfg.steps:,}{shown} ({duration(pace.elapsed())}{left})",
                       file=sys.stderr, flush=True)
 
         yield line
         return
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[loss]}"))
+            TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"))
     with Progress(*cols, console=console, transient=True) as prog:
         task = prog.add_task(f"{name}: building", total=cfg.steps, loss="")
 
         def bar(i: int, loss: float | None) -> None:
+            if (told := pace.expectation(i + 1)) is not None:
+                prog.console.print(f"{name}: {told}")
             phase = "warmup" if i < cfg.warmup else "timed"
             prog.update(task, completed=i + 1, description=f"{name}: {phase}",
                         loss="" if loss is None else f"loss {loss:.4f}")

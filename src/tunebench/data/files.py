@@ -101,6 +101,8 @@ def _jsonl(path: Path) -> Iterator[Row]:
                 yield f"line {n}", json.loads(line)
             except json.JSONDecodeError as err:
                 raise FileFault(f"malformed JSON on line {n} (column {err.colno}: {err.msg})") from None
+            except RecursionError:
+                raise FileFault(f"line {n} nests its JSON too deeply to be read") from None
 
 
 def _json(path: Path) -> Iterator[Row]:
@@ -122,6 +124,8 @@ def _json(path: Path) -> Iterator[Row]:
             yield from _jsonl(path)
             return
         raise FileFault(f"malformed JSON on line {err.lineno} (column {err.colno}: {err.msg})") from None
+    except RecursionError:
+        raise FileFault("nests its JSON too deeply to be read") from None
     if isinstance(value, list):
         yield from ((f"item {i}", v) for i, v in enumerate(value, 1))
     elif isinstance(value, dict):

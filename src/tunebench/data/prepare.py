@@ -37,6 +37,20 @@ def cache_root() -> Path:
     return (Path(os.path.expanduser(os.path.expandvars(env))) if env else Path.home() / ".cache" / "tunebench") / "data"
 
 
+def writable_cache() -> Path:
+    """The cache folder, made if needed; a TUNEBENCH_CACHE that cannot hold one is bad input named as such (a
+    default folder that cannot is the machine's fault, named with its path)."""
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        if env := os.environ.get("TUNEBENCH_CACHE"):
+            raise UserError(f"invalid TUNEBENCH_CACHE={env}: cannot write there ({err.strerror}); give a folder "
+                            "this user can write to") from None
+        raise
+    return root
+
+
 @dataclass
 class Prepared:
     path: Path  # the cache folder: ids.npy, labels.npy, positions.npy (packed only), stats.json
@@ -219,9 +233,10 @@ def prepare(cfg, tok, data: str, what: str, checked: Checked, ds=None, file_coun
 
 def split_and_prepare(cfg, tok) -> tuple[Prepared, Prepared | None]:
     """The training rows and the validation rows (eval_data, or eval_fraction of data held out, seeded)."""
-    data = read(cfg, cfg.data, "data", cache_root() / "sources")
+    sources = writable_cache() / "sources"
+    data = read(cfg, cfg.data, "data", sources)
     if cfg.eval_data:
-        held = read(cfg, cfg.eval_data, "eval_data", cache_root() / "sources")
+        held = read(cfg, cfg.eval_data, "eval_data", sources)
         return prepare(cfg, tok, cfg.data, "data", data), prepare(cfg, tok, cfg.eval_data, "eval_data", held)
     if cfg.eval_fraction:
         if len(data.ds) < 2:

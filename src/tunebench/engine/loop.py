@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from tunebench import watchdog
 from tunebench.dist import SINGLE, DistContext
 from tunebench.metrics.memory import mark_timed
 from tunebench.metrics.telemetry import Telemetry
@@ -114,6 +115,7 @@ def run_loop(step: Callable[[], torch.Tensor], spec: LoopSpec, device: torch.dev
     reader = _Reader(cuda, LAG if cuda else 0, result)
     timer = StepTimer(device)
     fault_kind, _, fault_step = (spec.fault or "").partition("@")
+    watchdog.rest()  # the first step (compilation, autotuning) is not bounded by the step timeout
     for i in range(spec.start, spec.steps):
         if fault_kind and i == int(fault_step):
             inject_fault(fault_kind, i)
@@ -127,6 +129,7 @@ def run_loop(step: Callable[[], torch.Tensor], spec: LoopSpec, device: torch.dev
         if i >= spec.start + spec.warmup:
             timer.step_end()
         result.done = i + 1
+        watchdog.beat()
         if not reader.read(i - reader.lag):
             break
         if on_step:
@@ -139,6 +142,7 @@ def run_loop(step: Callable[[], torch.Tensor], spec: LoopSpec, device: torch.dev
             break
     else:
         reader.read(spec.steps)
+    watchdog.rest()  # what follows the loop (saving, exporting) has no steps to beat
     if timer.started:
         result.wall_s, result.step_times = timer.finish()
     if telemetry:

@@ -89,7 +89,9 @@ def failed_record(cfg: RunConfig, rundir: RunDir, tail: list[str], device, world
     first = by_rank.get(cause["rank"]) if cause else None
     first = first or (min(errors, key=lambda e: e["rank"]) if errors else None)
     status = first["status"] if first else "failed"
-    head = (f"rank {cause['rank']} exited with code {cause['exitcode']}: {cause['why']}" if cause
+    # torchrun's "why" is its own hint ("To enable traceback see ...") where the rank wrote no error file
+    why = "" if not cause or cause["why"].startswith("To enable traceback") else f": {cause['why']}"
+    head = (f"rank {cause['rank']} exited with code {cause['exitcode']}{why}" if cause
             else "torchrun ended without naming a failed rank")
     if first:
         error = f"{head}\nrank {first['rank']} reported:\n{first['error']}"

@@ -35,7 +35,7 @@ def main(rundir_path: Path) -> None:
     cfg = (TrainConfig if inputs is not None else RunConfig).model_validate(job["config"])
     ctx = from_env()
     plan = preflight(cfg, ctx.local_rank)
-    with rank_session(ctx, plan.device, cfg.timeout):
+    with rank_session(ctx, plan.device, cfg.timeout), _watched(cfg.timeout, ctx.rank, rundir):
         try:
             if inputs is not None:  # a training job: its hooks log; every rank runs it
                 from tunebench.trainer.inputs import JobInputs
@@ -50,6 +50,14 @@ def main(rundir_path: Path) -> None:
             raise
         if ctx.is_main:
             rundir.write_result(rec.model_dump_json())
+
+
+def _watched(timeout_s: float, rank: int, rundir):
+    """Every rank of a distributed run is watched: one with no step for `timeout` seconds ends them all, and its
+    record says so (status timeout, where it was stuck)."""
+    from tunebench import watchdog
+
+    return watchdog.watching(timeout_s, f"rank {rank}", lambda why: rundir.write_error(rank, "timeout", why))
 
 
 if __name__ == "__main__":

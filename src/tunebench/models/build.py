@@ -245,8 +245,13 @@ def quantization_config(w: Weights):
 
 def from_pretrained(path, w: Weights, device: torch.device) -> PreTrainedModel:
     """Load safetensors from a local directory straight onto `device`, quantizing while loading when asked."""
+    import errno
+    import os
+
     from transformers import AutoConfig
 
+    if not os.path.isdir(path):  # it was there when the run was checked (transformers would take it for a hub id)
+        raise FileNotFoundError(errno.ENOENT, "the model folder is gone (removed since the run started?)", str(path))
     config = model_config(AutoConfig.from_pretrained(path, local_files_only=True), w.dropout)
     kwargs: dict = dict(dtype=w.dtype, attn_implementation=attn_implementation(w.attn, config, device.type),
                         device_map={"": device}, local_files_only=True, config=config)

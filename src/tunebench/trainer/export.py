@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from tunebench.dist import DistContext
-from tunebench.models.save import generation_config, save_for_generation, save_pretrained
+from tunebench.models.save import save_for_generation, save_pretrained
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ADAPTER = "default"  # the adapter peft's get_peft_model names, the one tunebench trains
@@ -38,15 +38,13 @@ def _into_place(tmp: Path, dest: Path) -> Path:
     return dest
 
 
-def write_outputs(trainable, cfg, spec, tokenizer, out: Path, ctx: DistContext) -> dict[str, str]:
-    """Every rank calls this (a sharded strategy gathers the weights); rank 0 writes and returns the paths."""
+def write_outputs(trainable, cfg, spec, tokenizer, gen, out: Path, ctx: DistContext) -> dict[str, str]:
+    """Every rank calls this (a sharded strategy gathers the weights); rank 0 writes and returns the paths.
+    `gen`: the GenerationConfig the saved models generate with."""
     sd = trainable.ts.state.export(ctx)
     if not ctx.is_main:
         return {}
     model = trainable.model
-    own = cfg.tokenizer is None or (spec.path is not None and Path(cfg.tokenizer).expanduser().resolve() ==
-                                    Path(spec.path).resolve())
-    gen = generation_config(tokenizer, spec.path, own)
     name = "model" if cfg.method == "full" else "adapter"
     tmp = _aside(out / name)
     if cfg.method == "full":

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tunebench import watchdog
 from tunebench.console import say
 from tunebench.data.batches import DatasetBatches, eval_batches
 from tunebench.dist import DistContext
@@ -24,6 +25,7 @@ from tunebench.engine.loop import LoopResult
 from tunebench.engine.model import CausalLMWithLoss
 from tunebench.engine.schedule import lr_of_step
 from tunebench.engine.step import autocast
+from tunebench.format import duration
 from tunebench.metrics.memory import peak_allocated
 from tunebench.units import GIB
 
@@ -65,6 +67,7 @@ def evaluate(module, prepared, cfg, device: torch.device, ctx: DistContext) -> f
         for b in eval_batches(prepared, cfg.batch_size, device, ctx.rank, ctx.world_size, cfg.eval_batches):
             n = (b.labels != -100).sum()
             total += torch.stack([module(*b).double() * n, n.double()])
+            watchdog.beat()  # a long evaluation is progress, not a hang
     module.train()
     if ctx.active and ctx.world_size > 1:
         torch.distributed.all_reduce(total)
@@ -126,7 +129,7 @@ class TrainHooks:
         parts = [f"step {done}/{self.total}", loss_text(loss, loss_step, done),
                  f"lr {lr:.3g}", "" if tps is None else f"{tps:,.0f} tokens/s",
                  "" if mfu is None else f"MFU {mfu:.1%}", "" if mem is None else f"peak {mem:.2f} GiB",
-                 "" if eta is None else f"ETA {eta / 60:.1f} min"]
+                 "" if eta is None else f"ETA {duration(eta)}"]
         say("train: " + ", ".join(p for p in parts if p))
         if self.trackers:
             if loss is not None:  # at the step it belongs to, so the curve is not shifted by the read-back lag

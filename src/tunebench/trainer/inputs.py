@@ -12,11 +12,12 @@ class JobInputs:
 
     data: str  # the prepared training rows (a cache folder)
     eval: str | None  # the prepared validation rows
-    tokenizer: str  # the tokenizer's folder, saved beside the outputs
+    tokenizer: str  # the job's copy of its tokenizer (output_dir/tokenizer), saved beside the outputs
     total: int  # optimizer steps planned
     identity: dict[str, Any]  # what a checkpoint must match to be resumed
     resume: str | None = None  # the checkpoint folder to continue from
     prediction: dict[str, Any] | None = None  # tokens_per_s and where it came from
+    generation: dict[str, Any] | None = None  # the saved model's generation config, resolved at the start
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

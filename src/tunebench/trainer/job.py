@@ -84,12 +84,14 @@ def _run(plan: Plan, inputs: JobInputs, out: Outcome, started: float, ctx: DistC
             hooks.trackers.close()
     out.job = _figures(inputs, train, hooks, out)
     if out.loop.status == "ok" and not out.loop.stopped and out.loop.done == inputs.total:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, GenerationConfig
 
         from tunebench.trainer.export import write_outputs
 
         tok = AutoTokenizer.from_pretrained(inputs.tokenizer, local_files_only=True)
-        out.job.outputs = write_outputs(t, cfg, plan.spec, tok, Path(cfg.output_dir), ctx)
+        gen = GenerationConfig.from_dict(inputs.generation or {})
+        gen._from_model_config = False  # as resolved at the start (models.save.generation_config)
+        out.job.outputs = write_outputs(t, cfg, plan.spec, tok, gen, Path(cfg.output_dir), ctx)
     out.loop.losses = state.history + out.loop.losses  # the whole job's curve, resumed steps included
 
 

@@ -2,6 +2,8 @@
 
     output_dir/run.json       the job's identity (configuration hash, data and tokenizer fingerprints,
                               world size): written when the job starts
+    output_dir/.tokenizer/    the tokenizer as the job loaded it, written when the job starts: what the job
+                              saves beside its model at the end, whatever became of the user's folder meanwhile
     checkpoints/  adapter/ or model/  merged/  record.json  tensorboard/  mlruns/
 
 A folder that holds another job is refused unless the job resumes it (--resume) or starts anew
@@ -28,7 +30,7 @@ from tunebench.errors import UserError
 from tunebench.files import write_text
 
 LOCK = ".tunebench.lock"  # held (flock) by the job's launching process: released by the kernel when it dies
-OWN = ("checkpoints", "adapter", "model", "merged", "run.json", "record.json", "tensorboard", "mlruns")
+OWN = ("checkpoints", "adapter", "model", "merged", "run.json", "record.json", "tensorboard", "mlruns", ".tokenizer")
 
 
 @contextlib.contextmanager
@@ -117,6 +119,23 @@ def _changed_fields(run_json: Path, fields: dict[str, Any]) -> str:
         return ""
     return ", ".join(f"{k} {before.get(k)!r} there, {v!r} here" for k, v in fields.items()
                      if k in before and before[k] != v)
+
+
+def keep_tokenizer(out: Path, tokenizer) -> Path:
+    """The job's own copy of its tokenizer (written aside, renamed into place): nothing the job reads at its end
+    depends on the user's folder still being there."""
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    dest = out / ".tokenizer"
+    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.partial-", dir=out))
+    try:
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
 
 
 def write_identity(out: Path, identity: dict[str, Any], cfg) -> None:
