@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 
 from tunebench.cli import build_parser
-from tunebench.config import HwConfig, InferConfig, LoadConfig, RunConfig, TrainConfig
+from tunebench.config import EvalConfig, HwConfig, InferConfig, LoadConfig, RunConfig, TrainConfig
 from tunebench.config.reference import markdown
 from tunebench.config.topics import TOPICS, topics_of
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = (RunConfig, TrainConfig, HwConfig, LoadConfig, InferConfig)
+CONFIGS = (RunConfig, TrainConfig, HwConfig, LoadConfig, InferConfig, EvalConfig)
 
 
 def test_the_configuration_reference_is_current():

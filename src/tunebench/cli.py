@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Sequence
 
 from tunebench import __version__
-from tunebench.config import HwConfig, InferConfig, LoadConfig
+from tunebench.config import EvalConfig, HwConfig, InferConfig, LoadConfig
 from tunebench.errors import UserError
 from tunebench.flags import Parser, add_config_flags, add_run_options, add_train_options
 from tunebench.flags import add_store as _store_arg
@@ -183,6 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
         b.add_argument("--no-store", action="store_true", help="do not write the records to the store")
         _store_arg(b)
 
+    ev = sub.add_parser("eval", help="score a model, an adapter or a training job's output (and its base) on "
+                                     "lm-evaluation-harness tasks")
+    ev.usage = "%(prog)s MODEL|OUTPUT_DIR --tasks T1,T2 [--limit N] [--KEY VALUE ...] [--json] [--no-store]"
+    ev.add_argument("target", nargs="?", metavar="MODEL|OUTPUT_DIR", help="a model folder, a peft adapter folder, "
+                                                                          "or a `tunebench train` output_dir")
+    add_config_flags(ev, EvalConfig)
+    ev.add_argument("--json", action="store_true", help="print the records as JSON on stdout")
+    ev.add_argument("--no-store", action="store_true", help="do not write the records to the store")
+    _store_arg(ev)
+
     quick = sub.add_parser("quick", help="a quick benchmark sized for this machine, with a comparison table")
     quick.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     quick.add_argument("--out", default="tunebench-report", help="report folder (default ./tunebench-report)")
@@ -210,7 +220,8 @@ def _command(name: str):
     """The handler of a subcommand, imported only when it runs (keeps `--help` and bad input fast)."""
     from tunebench.commands import bench, deploy, plan, results, run, sweep, train, tune
 
-    return {"hw": bench.cmd_hw, "load": bench.cmd_load, "infer": bench.cmd_infer, "run": run.cmd_run,
+    return {"hw": bench.cmd_hw, "load": bench.cmd_load, "infer": bench.cmd_infer, "eval": bench.cmd_eval,
+            "run": run.cmd_run,
             "quick": run.cmd_quick, "sweep": sweep.cmd_sweep, "consistency": sweep.cmd_consistency,
             "results": results.cmd_results, "report": results.cmd_report, "cost": results.cmd_cost,
             "compare": results.cmd_compare, "deploy": deploy.cmd_deploy, "collect": deploy.cmd_collect,

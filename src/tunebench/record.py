@@ -9,10 +9,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
-# 2: kinds hw, load and infer, each with its own metrics (version 1 records, all kind train, read as before)
+# 2: kinds hw, load, infer (and later eval), each with its own metrics (version 1 records, all kind train, read as
+# before)
 SCHEMA_VERSION = 2
 Status = Literal["ok", "oom", "failed", "timeout", "nan"]
-Kind = Literal["train", "hw", "load", "infer"]
+Kind = Literal["train", "hw", "load", "infer", "eval"]
 
 
 class StepTimes(BaseModel):
@@ -118,6 +119,8 @@ class JobFigures(Figures):
     resumed_from: str | None = None
     checkpoints: list[str] = Field(default_factory=list)
     outputs: dict[str, str] = Field(default_factory=dict)  # adapter / model / merged -> folder
+    # eval_tasks' scores (role, model, task, metric, value, stderr, samples, record: the eval record's id)
+    evaluations: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class TrainMetrics(BaseModel):
@@ -248,8 +251,29 @@ class InferMetrics(BaseModel):
     energy_j_per_token: float | None = None  # per generated token
 
 
-METRICS = {"train": TrainMetrics, "hw": HwMetrics, "load": LoadMetrics, "infer": InferMetrics}
-AnyMetrics = TrainMetrics | HwMetrics | LoadMetrics | InferMetrics
+class EvalMetrics(BaseModel):
+    """`tunebench eval`: one model's scores on one lm-evaluation-harness task."""
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="strings")
+
+    task: str = ""
+    metric: str | None = None  # the task's first metric: the one tables show
+    value: float | None = None
+    stderr: float | None = None
+    higher_is_better: bool | None = None
+    scores: dict[str, dict[str, float | None]] = Field(default_factory=dict)  # metric -> {value, stderr}
+    samples: int | None = None  # examples scored (after limit)
+    samples_total: int | None = None  # examples the task has
+    num_fewshot: int | None = None
+    model: str = ""  # the folder scored
+    role: Literal["fine-tuned", "base", "model"] = "model"  # of a training job's output, or a model on its own
+    train_record: str | None = None  # the id of the training job's record the model came from
+    output_dir: str | None = None
+    eval_s: float | None = None  # the harness's time for this model's tasks, loading excluded
+
+
+METRICS = {"train": TrainMetrics, "hw": HwMetrics, "load": LoadMetrics, "infer": InferMetrics, "eval": EvalMetrics}
+AnyMetrics = TrainMetrics | HwMetrics | LoadMetrics | InferMetrics | EvalMetrics
 
 
 class ResultRecord(BaseModel):

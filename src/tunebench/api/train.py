@@ -127,6 +127,10 @@ def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | N
     """The whole job; its record is saved to `store` (and written to output_dir/record.json)."""
     plan = preflight(cfg)
     check_trackers(cfg.track)
+    if cfg.eval_tasks:  # the tasks' names, files and data checked now, not after the training
+        from tunebench.evaluate.tasks import build
+
+        build(cfg.eval_tasks, download=False)
     if store:
         check_store_path(store)  # bad input below (the data) must leave nothing behind, not even a store
     with output.locked(Path(cfg.output_dir)):  # before the folder is read: one job in it at a time
@@ -140,10 +144,33 @@ def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | N
             rec = launcher_for(cfg).launch(cfg, plan, inputs.to_json())
         if rec is None:
             return None
+        scored = _evaluate(cfg, rec)
         rec = finalize(rec, store)
         write_text(Path(cfg.output_dir) / "record.json", rec.model_dump_json(indent=1))
+        for e in scored:
+            finalize(e, store)
     _summary(rec, time.perf_counter() - started)
     return rec
+
+
+def _evaluate(cfg: TrainConfig, rec: ResultRecord) -> list[ResultRecord]:
+    """eval_tasks' records for a completed job (the trained model and its base), listed in the job's record. A
+    failure here is said and leaves the job's outputs and record as they are."""
+    job = rec.metrics.job
+    if not cfg.eval_tasks or rec.status != "ok" or job is None or job.exit != "completed":
+        return []
+    from tunebench.config import EvalConfig
+    from tunebench.evaluate import run_eval, summary
+
+    ecfg = EvalConfig(model=cfg.output_dir, tasks=cfg.eval_tasks, limit=cfg.eval_limit, tag=cfg.tag,
+                      device="cpu" if cfg.device == "cpu" else "auto")
+    try:
+        scored = list(run_eval(ecfg, say, train_record=rec.id))
+    except Exception as err:  # bad task input was refused before training; what is left is the harness's
+        say(f"eval: failed, the job's outputs and record are kept: {type(err).__name__}: {headline(str(err))}")
+        return []
+    job.evaluations = [summary(e) for e in scored]
+    return scored
 
 
 def _summary(rec: ResultRecord, wall: float) -> None:

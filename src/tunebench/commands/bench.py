@@ -1,4 +1,4 @@
-"""`tunebench hw`, `tunebench load` and `tunebench infer`: each record is stored as soon as it exists."""
+"""`tunebench hw`, `load`, `infer` and `eval`: each record is stored as soon as it exists."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Callable, Iterable
 
-from tunebench.config import HwConfig, InferConfig, LoadConfig
+from tunebench.config import EvalConfig, HwConfig, InferConfig, LoadConfig
 from tunebench.console import say
 from tunebench.document import Table
 from tunebench.flags import config_from
@@ -60,3 +60,17 @@ def cmd_infer(args: argparse.Namespace) -> int:
     cfg = config_from(args, InferConfig)
     preflight(cfg)
     return _finish(args, run_infer(cfg, say), lambda recs: [infer_table(recs)])
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tunebench.errors import UserError
+    from tunebench.evaluate import preflight, run_eval
+    from tunebench.evaluate.tasks import build
+    from tunebench.report.bench import eval_table
+
+    if args.target and args.model and args.target != args.model:
+        raise UserError(f"invalid model={args.model}: the model is given twice ({args.target} and --model)")
+    cfg = config_from(args, EvalConfig, **({"model": args.target} if args.target else {}))
+    preflight(cfg, lambda line: None)  # bad input before the store is touched
+    tasks = build(cfg.tasks, cfg.download)
+    return _finish(args, run_eval(cfg, say, tasks=tasks), lambda recs: [eval_table(recs)])

@@ -4,6 +4,7 @@
     run.py     RunConfig, a training benchmark
     train.py   TrainConfig, a fine-tune on local data (every RunConfig key, plus data and output)
     bench.py   HwConfig, LoadConfig, InferConfig (`tunebench hw`, `load`, `infer`)
+    evaluation.py  EvalConfig (`tunebench eval`)
 
 Nothing here imports torch: checking a configuration takes well under a second.
 """
@@ -29,12 +30,13 @@ from tunebench.config.base import (
     workload_key,
 )
 from tunebench.config.bench import HwConfig, InferConfig, LoadConfig
+from tunebench.config.evaluation import EvalConfig
 from tunebench.config.run import BNB_OPTIMIZERS, Method, Optimizer, Precision, RunConfig, Strategy
 from tunebench.config.train import TrainConfig
 
-__all__ = ["BNB_OPTIMIZERS", "LAUNCH", "MEASUREMENT", "HwConfig", "InferConfig", "LoadConfig", "Method", "Optimizer",
-           "Precision", "RunConfig", "Strategy", "TrainConfig", "build_config", "config_hash", "fields_with_role",
-           "identity", "load_config", "not_levers", "parse_bytes", "read_yaml", "workload_key"]
+__all__ = ["BNB_OPTIMIZERS", "LAUNCH", "MEASUREMENT", "EvalConfig", "HwConfig", "InferConfig", "LoadConfig", "Method",
+           "Optimizer", "Precision", "RunConfig", "Strategy", "TrainConfig", "build_config", "config_hash",
+           "fields_with_role", "identity", "load_config", "not_levers", "parse_bytes", "read_yaml", "workload_key"]
 
 
 def load_config(path: str | Path | None = None, cls: type[BaseModel] = RunConfig, **overrides: Any) -> Any:

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from tunebench.config.annotations import REQUIRED, alternatives, default_value
 from tunebench.config.bench import HwConfig, InferConfig, LoadConfig
+from tunebench.config.evaluation import EvalConfig
 from tunebench.config.run import RunConfig
 from tunebench.config.topics import topics_of
 from tunebench.config.train import TrainConfig
@@ -33,6 +34,8 @@ COMMANDS: list[tuple[str, type[BaseModel], str]] = [
     ("hw", HwConfig, "`tunebench hw`: the machine's matmul ceiling, bandwidths and collectives."),
     ("load", LoadConfig, "`tunebench load`: load time and memory per precision."),
     ("infer", InferConfig, "`tunebench infer`: generation speed per precision and batch size."),
+    ("eval", EvalConfig, "`tunebench eval`: a model's scores on lm-evaluation-harness tasks (`train --eval-tasks` "
+                         "runs it at the end of a job)."),
 ]
 
 

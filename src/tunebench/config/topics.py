@@ -19,9 +19,11 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "data": ("data", "data_format", "text_field", "prompt_field", "completion_field", "messages_field",
              "train_on_prompt", "strict_data", "max_bad_rows", "packing", "eval_data", "eval_fraction", "tokenizer"),
     "schedule and evaluation": ("epochs", "max_steps", "schedule", "warmup_steps", "eval_every", "eval_batches",
-                                "target_eval_loss"),
+                                "target_eval_loss", "eval_tasks", "eval_limit"),
     "outputs": ("output_dir", "log_every", "save_every", "keep_checkpoints", "resume", "overwrite", "merge",
                 "merge_dtype", "track"),
+    # tunebench eval
+    "evaluation": ("tasks", "limit", "num_fewshot", "apply_chat_template", "base", "download"),
     # tunebench hw, load, infer
     "measurement": ("quick", "sections", "dtypes", "nproc", "min_size", "max_size", "iters", "precisions", "cache",
                     "workdir", "batch_sizes", "prompt_len", "new_tokens", "kv_cache", "repeats"),

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tunebench.config.base import LAUNCH
+from tunebench.config.base import LAUNCH, listify
 from tunebench.config.run import MAX_STEPS, RunConfig
 
 DataFormat = Literal["auto", "text", "pairs", "chat"]
@@ -70,6 +70,16 @@ class TrainConfig(RunConfig):
     track: list[str] = Field(default_factory=list, description="tensorboard and/or mlflow (local files in "
                                                                "output_dir)", json_schema_extra=LAUNCH)
     target_eval_loss: float | None = Field(None, gt=0, description="record the time until eval loss reaches this")
+    eval_tasks: list[str] = Field(default_factory=list, description="at the end, score the trained model and its "
+                                                                    "base on these harness tasks (`tunebench eval`)",
+                                  json_schema_extra=LAUNCH)
+    eval_limit: float | None = Field(None, gt=0, description="with eval_tasks: examples per task (a count, or a "
+                                                             "fraction below 1)", json_schema_extra=LAUNCH)
+
+    @field_validator("eval_tasks", mode="before")
+    @classmethod
+    def _eval_tasks(cls, v: Any) -> Any:
+        return listify(v)
 
     @field_validator("track", mode="before")
     @classmethod
@@ -83,7 +93,7 @@ class TrainConfig(RunConfig):
     def _known_trackers(cls, v: list[str]) -> list[str]:
         unknown = [t for t in v if t not in TRACKERS]
         if unknown:
-            raise ValueError(f"unknown tracker {unknown[0]!r}: use tensorboard and/or mlflow")
+            raise ValueError(f"unknown tracker {unknown[0]!r}: use {', '.join(TRACKERS)}")
         return v
 
     @model_validator(mode="after")

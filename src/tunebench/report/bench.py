@@ -1,6 +1,8 @@
-"""Tables of `hw`, `load` and `infer` records, for the terminal and the report alike."""
+"""Tables of `hw`, `load`, `infer` and `eval` records, for the terminal and the report alike."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from tunebench.document import Table
 from tunebench.format import error_cell, fmt, pct
@@ -87,3 +89,21 @@ def infer_table(records: list[ResultRecord]) -> Table:
     return Table(["model", "precision", "KV cache", "batch", "status", "tokens/s", "TTFT ms", "prefill tok/s",
                   "decode tok/s", "ms/step", "weights GB/s", "peak alloc GiB", "J/token", "error"], rows,
                  f"generation: prompt {c.get('prompt_len')} + {c.get('new_tokens')} new tokens per sequence, greedy")
+
+
+def eval_table(records: list[ResultRecord]) -> Table:
+    """One row per task, a column per model scored (a training job's fine-tuned model beside its base)."""
+    models: list[tuple[str, str]] = []
+    cells: dict[tuple[str, tuple[str, str]], str] = {}
+    tasks: list[str] = []
+    for r in records:
+        m = r.metrics
+        who = (m.role, m.model)
+        models += [who] if who not in models else []
+        tasks += [m.task] if m.task not in tasks else []
+        value = "-" if m.value is None else f"{m.value:.4f}" + (f" ± {m.stderr:.4f}" if m.stderr else "")
+        cells[(m.task, who)] = f"{m.metric} {value}" if m.metric else "-"
+    samples = {r.metrics.task: r.metrics.samples for r in records}
+    rows = [[t, fmt(samples.get(t), ",.0f")] + [cells.get((t, w), "-") for w in models] for t in tasks]
+    heads = [f"{role}: {Path(model).name}" if role != "model" else Path(model).name for role, model in models]
+    return Table(["task", "examples", *heads], rows, "lm-evaluation-harness scores (metric, value ± stderr)")

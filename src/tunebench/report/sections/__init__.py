@@ -10,6 +10,7 @@ from tunebench.report.context import ReportContext
 from tunebench.report.sections import (
     cost,
     diagnostic,
+    evaluation,
     hardware,
     inference,
     jobs,
@@ -25,8 +26,8 @@ from tunebench.report.sections import (
 )
 
 SECTIONS: list[Callable[[ReportContext], Section | None]] = [
-    summary.section, performance.section, jobs.section, step_times.section, memory.section, planner.section,
-    mfu.section, diagnostic.section,
+    summary.section, performance.section, jobs.section, evaluation.section, step_times.section, memory.section,
+    planner.section, mfu.section, diagnostic.section,
     scaling.section, cost.section, recommendations.section, hardware.section, loading.section, inference.section,
 ]
 
