@@ -119,6 +119,7 @@ class JobFigures(Figures):
     resumed_from: str | None = None
     checkpoints: list[str] = Field(default_factory=list)
     outputs: dict[str, str] = Field(default_factory=dict)  # adapter / model / merged -> folder
+    trackers: dict[str, str] = Field(default_factory=dict)  # tracker -> where its run is (a URL or a folder)
     # eval_tasks' scores (role, model, task, metric, value, stderr, samples, record: the eval record's id)
     evaluations: list[dict[str, Any]] = Field(default_factory=list)
 

@@ -16,7 +16,7 @@ from tunebench.config.run import MAX_STEPS, RunConfig
 
 DataFormat = Literal["auto", "text", "pairs", "chat"]
 Schedule = Literal["cosine", "linear", "constant"]
-TRACKERS = ("tensorboard", "mlflow")
+TRACKERS = ("tensorboard", "mlflow", "wandb")
 
 
 class TrainConfig(RunConfig):
@@ -67,8 +67,9 @@ class TrainConfig(RunConfig):
     merge: bool = Field(False, description="LoRA/QLoRA: also write the base with the adapter merged in (merged/)")
     merge_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="the merged model's dtype (the merge "
                                                                                "is computed in fp32, then cast)")
-    track: list[str] = Field(default_factory=list, description="tensorboard and/or mlflow (local files in "
-                                                               "output_dir)", json_schema_extra=LAUNCH)
+    track: list[str] = Field(default_factory=list, description="tensorboard, mlflow and/or wandb (local files in "
+                                                               "output_dir; wandb also to its server)",
+                             json_schema_extra=LAUNCH)
     target_eval_loss: float | None = Field(None, gt=0, description="record the time until eval loss reaches this")
     eval_tasks: list[str] = Field(default_factory=list, description="at the end, score the trained model and its "
                                                                     "base on these harness tasks (`tunebench eval`)",

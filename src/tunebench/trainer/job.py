@@ -83,6 +83,8 @@ def _run(plan: Plan, inputs: JobInputs, out: Outcome, started: float, ctx: DistC
         if hooks.trackers:
             hooks.trackers.close()
     out.job = _figures(inputs, train, hooks, out)
+    if hooks.trackers:  # rank 0's: where its trackers keep the run, for the record
+        out.job.trackers = hooks.trackers.locations()
     if out.loop.status == "ok" and not out.loop.stopped and out.loop.done == inputs.total:
         from transformers import AutoTokenizer, GenerationConfig
 
