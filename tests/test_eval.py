@@ -127,6 +127,8 @@ def test_eval_of_an_output_dir_an_adapter_and_the_report(tb, trained, local, tmp
     code, _, err = tb("report", "--store", str(trained / "r.db"), "--out", str(tmp_path / "rep"))
     md = (tmp_path / "rep" / "report.md").read_text()
     assert code == 0 and "next_word" in md and "fine-tuned" in md and "base" in md, md[-3000:]
+    job = next(line for line in md.splitlines() if "| ok, completed |" in line)  # the job's own row: its scores
+    assert "next_word acc" in job and "adapter" in job
 
 
 def test_bad_input_is_one_line_and_stores_nothing(tb, local, tmp_path):
@@ -148,3 +150,24 @@ def test_bad_input_is_one_line_and_stores_nothing(tb, local, tmp_path):
         code, _, err = tb(*argv, "--store", str(store))
         assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, (argv, err)
     assert not store.exists() and not (tmp_path / "o").exists()
+
+
+def test_a_benchmark_report_says_how_to_train_score_and_export(tb, tmp_path, local):
+    import re
+    import shlex
+
+    from tunebench.cli import build_parser
+    from tunebench.config import TrainConfig
+    from tunebench.flags import config_from
+
+    store = tmp_path / "r.db"
+    assert tb("run", "--model", "tiny-llama", "--method", "lora", "--device", "cpu", "--steps", "3", "--warmup", "1",
+              "--seq-len", "16", "--store", str(store))[0] == 0
+    assert tb("report", "--store", str(store), "--out", str(tmp_path / "rep"))[0] == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    command = re.search(r"`(tunebench train [^`]+)`", md[md.index("## Next steps"):]).group(1)
+    assert "--method lora" in command and "--eval-tasks TASKS --merge" in command
+    argv = shlex.split(command.replace("YOUR.jsonl", str(local / "text.jsonl")).replace("TASKS", "next_word"))[1:]
+    cfg = config_from(build_parser().parse_args(argv), TrainConfig)  # the command as given is a valid job
+    assert cfg.method == "lora" and cfg.merge and cfg.eval_tasks == ["next_word"]
+    assert "tunebench export runs/job --format gguf" in md

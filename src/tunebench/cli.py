@@ -193,6 +193,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-store", action="store_true", help="do not write the records to the store")
     _store_arg(ev)
 
+    gg = sub.add_parser("export", help="a trained model out as GGUF (llama.cpp, Ollama, LM Studio)")
+    gg.add_argument("source", metavar="OUTPUT_DIR|MODEL", help="a `tunebench train` output_dir, a model folder or "
+                                                               "a peft adapter folder")
+    gg.add_argument("--format", choices=("gguf",), default="gguf", help="the file format (gguf)")
+    gg.add_argument("--quant", choices=("f16", "bf16", "q8_0"), default="f16", help="the weights' type (norms stay "
+                                                                                   "fp32; default f16)")
+    gg.add_argument("-o", "--output", help="the file to write (default OUTPUT_DIR/model.gguf, or "
+                                           "MODEL-QUANT.gguf beside a model folder)")
+    gg.add_argument("--overwrite", action="store_true", help="replace an existing file")
+    gg.add_argument("--json", action="store_true", help="print what was written as JSON on stdout")
+
     quick = sub.add_parser("quick", help="a quick benchmark sized for this machine, with a comparison table")
     quick.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     quick.add_argument("--out", default="tunebench-report", help="report folder (default ./tunebench-report)")
@@ -218,10 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command(name: str):
     """The handler of a subcommand, imported only when it runs (keeps `--help` and bad input fast)."""
-    from tunebench.commands import bench, deploy, plan, results, run, sweep, train, tune
+    from tunebench.commands import bench, deploy, export, plan, results, run, sweep, train, tune
 
     return {"hw": bench.cmd_hw, "load": bench.cmd_load, "infer": bench.cmd_infer, "eval": bench.cmd_eval,
-            "run": run.cmd_run,
+            "export": export.cmd_export, "run": run.cmd_run,
             "quick": run.cmd_quick, "sweep": sweep.cmd_sweep, "consistency": sweep.cmd_consistency,
             "results": results.cmd_results, "report": results.cmd_report, "cost": results.cmd_cost,
             "compare": results.cmd_compare, "deploy": deploy.cmd_deploy, "collect": deploy.cmd_collect,

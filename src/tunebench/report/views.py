@@ -57,6 +57,8 @@ def list_table(records: list[ResultRecord]) -> Table:
     for r in records:
         m = r.metrics
         what = r.config.get("method") or r.config.get("precision") or ",".join(r.config.get("sections", []))
+        if r.kind == "eval":  # the task and its score: what an evaluation is
+            what = f"{m.role} {m.task} {m.metric} {fmt(m.value, '.4f')}"
         t.add(r.id[:12], r.created_at.replace("+00:00", "Z"), r.kind, r.status, str(r.config.get("model", "-")),
               str(what), r.environment.get("gpu", {}).get("name") or r.environment.get("device"),
               fmt(getattr(m, "tokens_per_s", None)), peak_memory(m), ",".join(r.tags))

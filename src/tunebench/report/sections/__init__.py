@@ -17,6 +17,7 @@ from tunebench.report.sections import (
     loading,
     memory,
     mfu,
+    next_steps,
     performance,
     planner,
     recommendations,
@@ -28,7 +29,8 @@ from tunebench.report.sections import (
 SECTIONS: list[Callable[[ReportContext], Section | None]] = [
     summary.section, performance.section, jobs.section, evaluation.section, step_times.section, memory.section,
     planner.section, mfu.section, diagnostic.section,
-    scaling.section, cost.section, recommendations.section, hardware.section, loading.section, inference.section,
+    scaling.section, cost.section, recommendations.section, next_steps.section, hardware.section, loading.section,
+    inference.section,
 ]
 
 
