@@ -197,3 +197,70 @@ def test_a_sweep_whose_definition_outgrows_a_configmap_is_refused_before_registe
 def test_a_full_disk_is_the_machines_fault_named_with_its_path(tb, one_result):
     code, _, err = tb("results", "export", "--format", "jsonl", "-o", "/dev/full", "--store", str(one_result))
     assert code == 74 and err.strip().splitlines() == [err.strip()] and "/dev/full: No space left on device" in err
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["sweep", "s.yaml", "--run-timeout", "nan"], ("--run-timeout", "above 0")),
+    (["sweep", "s.yaml", "--dry-run", "--repeats", "99999999999"], ("--repeats", "1 to 1,000")),
+    (["compare", "a.db", "b.db", "--threshold", "-1"], ("--threshold", "0 or more")),
+    (["run", "--model", "tiny-llama", "--seed", "99999999999999999999"], ("seed=",)),
+    (["run", "--model", "tiny-llama", "--seq-len", "true"], ("seq_len",)),
+    (["results", "export", "-o", ""], ("an empty path",)),
+])
+def test_numbers_and_paths_out_of_any_sense_are_refused(tb, tmp_path, monkeypatch, argv, needles):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = tb(*argv)
+    assert code == 2 and all(n in err for n in needles) and "Traceback" not in err, err
+
+
+def test_true_is_not_a_number_in_a_config_file(tb, tmp_path):
+    (tmp_path / "c.yaml").write_text("model: tiny-llama\nseq_len: yes\n")
+    _one_line(*tb("run", str(tmp_path / "c.yaml"), "--no-store")[::2], "seq_len=true", "not true/false")
+
+
+@pytest.mark.parametrize("sheet,needle", [('gpu: "["\n    on_demand: 3', "not a valid pattern"),
+                                          ('gpu: H100\n    on_demand: 0', "above 0"),
+                                          ('gpu: H100\n    on_demand: -3', "above 0"),
+                                          ('gpu: H100\n    on_demand: .nan', "above 0"),
+                                          ('gpu: H100\n    on_demand: abc', "above 0"),
+                                          ('gpu: ""\n    on_demand: 3', "match every GPU")])
+def test_a_price_sheet_is_checked_before_any_cost_is_made(tmp_path, sheet, needle):
+    from tunebench.errors import UserError
+    from tunebench.report.cost import load_prices
+
+    (tmp_path / "p.yaml").write_text(f"offerings:\n  - name: x\n    {sheet}\n")
+    with pytest.raises(UserError, match=needle):
+        load_prices(tmp_path / "p.yaml")
+
+
+@pytest.mark.parametrize("make,needle", [(lambda p: os.symlink(p.parent / "precious.txt", p), "is a link"),
+                                         (lambda p: p.mkdir(), "is a folder"),
+                                         (lambda p: os.mkfifo(p), "not a regular file")])
+def test_a_report_never_writes_through_what_stands_in_its_folder(tb, tmp_path, one_result, make, needle):
+    (tmp_path / "precious.txt").write_text("mine")
+    out = tmp_path / "rep"
+    out.mkdir()
+    make(out / "report.md")
+    _one_line(*tb("report", "--store", str(one_result), "--out", str(out), "--force")[::2], needle)
+    assert (tmp_path / "precious.txt").read_text() == "mine"
+
+
+def test_model_weights_are_checked_before_they_are_trusted(tb, tmp_path):
+    import shutil
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    model = tmp_path / "m"
+    AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=1, num_attention_heads=2,
+                                                 num_key_value_heads=1)).save_pretrained(model)
+    weights = model / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:5000])  # a copy cut short
+    _one_line(*tb("run", "--model", str(model), "--device", "cpu", "--no-store")[::2], "model.safetensors is damaged")
+    weights.unlink()  # a shape alone: a benchmark may time it, a job cannot fine-tune it
+    (tmp_path / "d.jsonl").write_text('{"text": "a b c"}\n' * 8)
+    _one_line(*tb("train", "--model", str(model), "--tokenizer", str(model), "--data", str(tmp_path / "d.jsonl"),
+                  "--device", "cpu", "--no-store", "--output-dir", str(tmp_path / "o"))[::2], "holds no weights")
+    assert not (tmp_path / "o").exists()
+    shutil.rmtree(model)

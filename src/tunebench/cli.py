@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import math
 import os
 import sys
 import traceback
@@ -82,10 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                                              "seed-qlora)")
     sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every run")
     sw.add_argument("--dry-run", action="store_true", help="print the expanded configurations and their count")
-    sw.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 1); the summary "
+    sw.add_argument("--repeats", type=_repeats, default=None, help="runs per configuration (default 1); the summary "
                                                               "gives mean, std and CV")
     sw.add_argument("--resume", metavar="SWEEP_ID", help="run only what this sweep has no ok result for")
-    sw.add_argument("--run-timeout", type=float, default=3600.0, help="seconds one configuration may take "
+    sw.add_argument("--run-timeout", type=_seconds, default=3600.0, help="seconds one configuration may take "
                                                                       "(default 3600); then status timeout")
     sw.add_argument("--json", action="store_true", help="print the sweep's records as JSON")
     sw.add_argument("--definition", help="run one task of a deployed sweep: its definition (JSON, written by "
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--sweep", metavar="SUITE", help="spread a suite (built-in or YAML) over the cluster: one task "
                                                         "per configuration (no arguments after --)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="with --sweep: override a config key")
-        p.add_argument("--repeats", type=int, help="with --sweep: runs per configuration (default 1)")
+        p.add_argument("--repeats", type=_repeats, help="with --sweep: runs per configuration (default 1)")
         p.add_argument("--parallelism", type=int, default=4, help="with --sweep: tasks at once (default 4)")
         p.add_argument("--resume", metavar="SWEEP_ID", help="deploy only the tasks this sweep has no ok result for "
                                                             "(from the local store)")
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="compare two sweeps, stores (.db) or exported files (.jsonl)")
     cmp_.add_argument("a", help="the reference")
     cmp_.add_argument("b", help="the candidate")
-    cmp_.add_argument("--threshold", type=float, default=0.05, help="flag changes beyond this fraction (0.05)")
+    cmp_.add_argument("--threshold", type=_fraction, default=0.05, help="flag changes beyond this fraction (0.05)")
     _store_arg(cmp_)
 
     for name, cls, help_ in (
@@ -225,6 +226,30 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (ls, show, exp, merge):
         _store_arg(p)
     return parser
+
+
+MAX_REPEATS = 1000  # runs of one configuration: beyond this a sweep is a mistake, not a measurement
+
+
+def _seconds(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return v
+
+
+def _fraction(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction of 0 or more (0.05 is 5%)")
+    return v
+
+
+def _repeats(text: str) -> int:
+    v = int(text)
+    if not 1 <= v <= MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 1 to {MAX_REPEATS:,} runs per configuration")
+    return v
 
 
 def _command(name: str):

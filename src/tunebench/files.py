@@ -69,10 +69,30 @@ def claim_folder(out: Path, manifest: str, what: str, force: bool = False) -> No
     if out.is_dir() and any(out.iterdir()) and not (out / manifest).is_file() and not force:
         raise UserError(f"invalid out={out}: the folder holds files that are not a tunebench {what}; give a new or "
                         "empty folder, or --force to write into it anyway")
+    if out.is_dir():
+        for entry in out.iterdir():
+            if (why := _not_replaceable(entry)) is not None:
+                raise UserError(f"invalid out={out}: {entry} is {why}, where the {what} writes its files; remove it "
+                                "or give another folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"invalid out={out}: cannot be created ({err.strerror or err})") from None
+
+
+OUTPUT_SUFFIXES = (".md", ".html", ".csv", ".parquet", ".png", ".json", ".yaml")
+
+
+def _not_replaceable(entry: Path) -> str | None:
+    """Why a writer must not write over `entry` in its folder: a link would carry the write to its target, a
+    FIFO would block it, a device or a folder under an output's name would fail it. None for a regular file."""
+    if entry.is_symlink():
+        return "a link"
+    if entry.is_dir():
+        return "a folder" if entry.suffix in OUTPUT_SUFFIXES else None
+    if not entry.is_file():
+        return "not a regular file"
+    return None
 
 
 def replace_manifest(out: Path, manifest: str, written: list[Path]) -> None:

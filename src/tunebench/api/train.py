@@ -126,6 +126,9 @@ def _generation(cfg: TrainConfig, spec, tok) -> dict:
 def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | None:
     """The whole job; its record is saved to `store` (and written to output_dir/record.json)."""
     plan = preflight(cfg)
+    if plan.spec.path is not None and not plan.spec.has_weights:  # a benchmark may time a shape; a job trains weights
+        raise UserError(f"invalid model={cfg.model}: the folder holds no weights (*.safetensors) to fine-tune; "
+                        "`run` benchmarks a folder's shape with random weights, `train` needs the model's own")
     check_trackers(cfg.track)
     if cfg.eval_tasks:  # the tasks' names, files and data checked now, not after the training
         from tunebench.evaluate.tasks import build

@@ -65,6 +65,8 @@ def cmd_results(args: argparse.Namespace) -> int:
         with Store(args.store, create=False) as store:
             print(store.get(args.id).model_dump_json(indent=2), file=args.stdout)
         return 0
+    if args.action == "export" and args.output == "":
+        raise UserError("invalid output='': an empty path; give a file, or leave -o out to write to stdout")
     if args.action == "export" and args.output:
         check_destination(Path(args.output))  # before reading: a wrong path fails at once
     recs, _ = _read(args.store, getattr(args, "kind", None), getattr(args, "sweep", None))
@@ -95,6 +97,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     with_predictions(records, args.store)
     title = args.title or (f"tunebench report: sweep {args.sweep}" if args.sweep else "tunebench report")
+    title = " ".join("".join(c if c.isprintable() else " " for c in title).split())  # one line, as a heading is
     files = write_report(records, out, prices, title, names, args.job_samples, args.publish, args.force)
     say(f"wrote {len(files)} files to {out}/ ({len(records)} results): "
         + ", ".join(p.relative_to(out).as_posix() for p in files))

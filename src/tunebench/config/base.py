@@ -21,6 +21,7 @@ from tunebench.errors import UserError, invalid
 #   measurement: how it is measured (seed, steps, device): in the hash, but not a lever a report compares.
 # The config hash (sweep resume, compare, report grouping) and the report's levers derive from this.
 LAUNCH = {"role": "launch"}
+MAX_SEED = 2**32 - 1  # what every generator seeded from it (torch, numpy, Python) takes
 MEASUREMENT = {"role": "measurement"}
 
 
@@ -105,7 +106,21 @@ def _union_member(part: Any) -> bool:
                                       or part.startswith(("literal[", "function-")))
 
 
+def _numeric_only(annotation: Any) -> bool:
+    """A field that takes numbers and never true/false (int, float, or either or None)."""
+    import types
+    import typing
+
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    kinds = {a for a in (args or (annotation,)) if a is not type(None)}
+    return bool(kinds) and kinds <= {int, float}
+
+
 def build_config(data: dict[str, Any], cls: type[BaseModel]) -> Any:
+    for key, value in data.items():  # pydantic would take true as 1: YAML's `seq_len: yes` is a mistake, not 1
+        field = cls.model_fields.get(key)
+        if isinstance(value, bool) and field is not None and _numeric_only(field.annotation):
+            raise UserError(f"invalid {key}={str(value).lower()}: a number is needed, not true/false")
     try:
         return cls.model_validate(data)
     except ValidationError as err:

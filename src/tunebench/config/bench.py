@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tunebench.config.base import LAUNCH, MEASUREMENT, config_hash, identity, listify, parse_bytes
+from tunebench.config.base import LAUNCH, MAX_SEED, MEASUREMENT, config_hash, identity, listify, parse_bytes
 
 BenchPrecision = Literal["bf16", "fp16", "int8", "nf4", "fp4"]
 HwSection = Literal["host", "matmul", "bandwidth", "collectives"]
@@ -79,7 +79,8 @@ class _ModelBenchConfig(_BenchConfig):
                                                          "nf4, fp4")
     double_quant: bool = Field(True, description="4-bit: quantize the quantization constants too")
     attn: Literal["sdpa", "eager", "flash"] = Field("sdpa", description="attention implementation")
-    seed: int = Field(0, description="seed of the random weights", json_schema_extra=MEASUREMENT)
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the random weights",
+                      json_schema_extra=MEASUREMENT)
 
     @field_validator("precisions", mode="before")
     @classmethod

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tunebench.config.base import LAUNCH, MEASUREMENT, config_hash, identity, listify
+from tunebench.config.base import LAUNCH, MAX_SEED, MEASUREMENT, config_hash, identity, listify
 
 
 class EvalConfig(BaseModel):
@@ -30,7 +30,8 @@ class EvalConfig(BaseModel):
                                                                                    "on GPUs, fp32 on the CPU)")
     device: Literal["auto", "cuda", "cpu"] = Field("auto", description="auto: a GPU where there is one",
                                                    json_schema_extra=MEASUREMENT)
-    seed: int = Field(0, description="seed of few-shot sampling and the harness", json_schema_extra=MEASUREMENT)
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of few-shot sampling and the harness",
+                      json_schema_extra=MEASUREMENT)
     tag: list[str] = Field(default_factory=list, description="free-text labels stored with the records",
                            json_schema_extra=LAUNCH)
 

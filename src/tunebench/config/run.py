@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tunebench.config.base import LATER, LAUNCH, MEASUREMENT, config_hash, identity
+from tunebench.config.base import LATER, LAUNCH, MAX_SEED, MEASUREMENT, config_hash, identity
 
 Method = Literal["full", "lora", "qlora"]
 Precision = Literal["auto", "bf16", "bf16-pure", "fp16", "fp32"]
@@ -97,7 +97,8 @@ class RunConfig(BaseModel):
     shard_size: int | None = Field(
         None, gt=0, le=1 << 20, description="fsdp: processes sharing one copy of the model states (unset: all); "
                                             "smaller groups replicate each other (HSDP)", json_schema_extra=LATER)
-    seed: int = Field(0, description="seed of the weights, the adapters and the data", json_schema_extra=MEASUREMENT)
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the weights, the adapters and the data",
+                      json_schema_extra=MEASUREMENT)
     device: Literal["auto", "cuda", "cpu"] = Field("auto", description="auto: a GPU where there is one",
                                                    json_schema_extra=MEASUREMENT)
     strategy: Strategy = Field("single", description="one process, or DDP, FSDP2, DeepSpeed ZeRO-2 or ZeRO-3 "

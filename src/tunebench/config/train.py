@@ -24,8 +24,8 @@ class TrainConfig(RunConfig):
 
     steps: int | None = Field(None, gt=0, le=MAX_STEPS, description="alias of max_steps")
     warmup: int = Field(5, ge=0, description="first steps left out of tokens/s and MFU (compilation, allocator)")
-    data: str = Field(..., description="training data: a JSONL/JSON, CSV, Parquet or text file, a folder of them, "
-                                       "or a folder written by datasets' save_to_disk")
+    data: str = Field(..., min_length=1, description="training data: a JSONL/JSON, CSV, Parquet or text file, a "
+                                                     "folder of them, or a folder written by datasets' save_to_disk")
     data_format: DataFormat = Field("auto", description="text, pairs (prompt/completion) or chat (messages); auto "
                                                         "looks at the fields")
     text_field: str = Field("text", min_length=1, description="the field holding plain text")

@@ -86,4 +86,31 @@ def resolve_model(name: str) -> ModelSpec:
     except Exception as err:  # transformers raises several types for unreadable configs
         raise UserError(f"invalid model={name}: config.json could not be read ({str(err).splitlines()[0]})") from None
     shape = json.loads((path / "config.json").read_text()) | hf_config.to_dict()
-    return ModelSpec(str(path), shape, path, any(path.glob("*.safetensors")), make_config=lambda: hf_config)
+    weights = sorted(path.glob("*.safetensors"))
+    for file in weights:
+        if (why := _damaged(file)) is not None:
+            raise UserError(f"invalid model={name}: {file.name} is damaged ({why}); copy the model folder again")
+    return ModelSpec(str(path), shape, path, bool(weights), make_config=lambda: hf_config)
+
+
+def _damaged(file: Path) -> str | None:
+    """Why a safetensors file cannot be whole, from its header alone: its size must be the header's and the
+    last tensor's end exactly (a copy cut short, or bytes that are not safetensors, fail this)."""
+    try:
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or n > size - 8:
+                return f"{size:,} bytes, no safetensors header"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, RecursionError) as err:
+        return f"its header cannot be read: {type(err).__name__}"
+    if not isinstance(header, dict):
+        return "its header is not a table of tensors"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+            and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2]
+    expected = 8 + n + max(ends, default=0)
+    if size != expected:
+        return f"{size:,} bytes where its header says {expected:,}"
+    return None

@@ -6,6 +6,7 @@ formulas hold for one GPU and for the measured multi-GPU runs.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -35,12 +36,30 @@ def load_prices(path: str | Path | None = None) -> list[Offering]:
     try:
         data = (load_yaml_file(path, "price sheet") if path
                 else yaml.safe_load(resources.files("tunebench").joinpath("prices.yaml").read_text()))
-        return [Offering(o["name"], str(o["gpu"]), o.get("provider", o["name"]), o.get("on_demand"), o.get("spot"),
-                         str(o.get("source", "")), str(o.get("date", ""))) for o in data["offerings"]]
+        return [_checked(Offering(o["name"], str(o["gpu"]), o.get("provider", o["name"]), o.get("on_demand"),
+                                  o.get("spot"), str(o.get("source", "")), str(o.get("date", ""))), path)
+                for o in data["offerings"]]
     except FileNotFoundError:
         raise UserError(f"price sheet {path} does not exist") from None
     except (yaml.YAMLError, KeyError, TypeError) as err:
         raise UserError(f"price sheet {path or 'prices.yaml'} is malformed: {err}") from None
+
+
+def _checked(o: Offering, path) -> Offering:
+    """An offering whose GPU pattern compiles and matches something, and whose prices are dollars an hour (a
+    finite number above 0, or none): any other value would make every cost of the report wrong or fail it."""
+    where = f"price sheet {path or 'prices.yaml'}: offering {o.name!r}"
+    try:
+        re.compile(o.gpu)
+    except re.error as err:
+        raise UserError(f"{where}: gpu={o.gpu!r} is not a valid pattern ({err})") from None
+    if not o.gpu.strip():
+        raise UserError(f"{where}: gpu is empty (it would match every GPU); give the GPU's name or a pattern")
+    for field in ("on_demand", "spot"):
+        v = getattr(o, field)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0):
+            raise UserError(f"{where}: {field}={v!r} must be a price in dollars an hour above 0 (or left out)")
+    return o
 
 
 def offerings_for(gpu_name: str | None, prices: list[Offering]) -> list[Offering]:
