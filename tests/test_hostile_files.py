@@ -264,3 +264,12 @@ def test_model_weights_are_checked_before_they_are_trusted(tb, tmp_path):
                   "--device", "cpu", "--no-store", "--output-dir", str(tmp_path / "o"))[::2], "holds no weights")
     assert not (tmp_path / "o").exists()
     shutil.rmtree(model)
+
+
+def test_a_store_or_a_log_that_is_not_a_file_is_named_as_such(tb, tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "empty.db").write_bytes(b"")
+    _one_line(*tb("results", "list", "--store", str(tmp_path / "fifo"))[::2], "not a regular file")
+    _one_line(*tb("collect", str(tmp_path / "fifo"), "--store", str(tmp_path / "r.db"))[::2], "not a regular file")
+    _one_line(*tb("results", "list", "--store", str(tmp_path / "empty.db"))[::2], "an empty file")
+    assert (tmp_path / "empty.db").stat().st_size == 0  # a command that reads left it as it was

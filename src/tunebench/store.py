@@ -64,6 +64,8 @@ def default_store_path() -> Path:
 def _refuse_special(path: Path) -> None:
     if str(path) == ":memory:" or str(path).startswith("file:"):
         raise UserError(f"invalid store={path}: give a file path (an in-memory store would lose every result)")
+    if path.exists() and not path.is_dir() and not path.is_file():  # a FIFO or a device: SQLite would block or fail
+        raise UserError(f"invalid store={path}: not a regular file; give a database file's path")
 
 
 def check_store_path(path: str | Path) -> None:
@@ -124,6 +126,8 @@ class Store:
             raise UserError(f"invalid store={str(self.path)!r}: is a directory, expected a database file")
         if not create and not self.path.is_file():
             raise UserError(f"no results store at {self.path} (give --store PATH or set TUNEBENCH_STORE)")
+        if not create and self.path.stat().st_size == 0:  # an empty file: nothing to read, and not ours to fill
+            raise UserError(f"invalid store={self.path}: an empty file, not a results store")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = sqlite3.connect(self.path, timeout=60)

@@ -83,8 +83,11 @@ def cmd_collect(args: argparse.Namespace) -> int:
     for name in args.files:
         if name == "-":
             one = marked_records(sys.stdin, "stdin")
-        elif not Path(name).is_file():
+        elif not Path(name).exists():
             raise UserError(f"log file {name} does not exist")
+        elif not Path(name).is_file():
+            raise UserError(f"log file {name} is not a regular file (a folder, a FIFO or a device); give the log "
+                            "file itself, or - for stdin")
         elif Path(name).suffix in (".jsonl", ".json"):  # an export (`results export --format jsonl`) comes back in
             one = Collected()
             one.records = read_exported(Path(name), one.skipped)
