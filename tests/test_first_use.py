@@ -165,11 +165,12 @@ def test_a_long_run_says_how_long_it_will_take_and_never_goes_quiet(capsys, monk
     monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])  # a step takes 50 ms of this clock
     with progress.run_progress(RunConfig(model="tiny-llama", device="cpu", steps=10**9)) as step:
         for i in range(5):
-            clock[0] += 0.05
+            clock[0] += 40 if i == 0 else 0.05  # the first step compiles: it says nothing of the others
             step(i, 6.9)
         clock[0] += 31  # a tenth of the run is far off: the log still hears from it
         step(5, 6.8)
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 2, lines
-    assert "1,000,000,000 steps: about 579 days at 0.05 s a step (from the first 3)" in lines[0]
-    assert "step 6/1,000,000,000 loss 6.8000 (31 s; about" in lines[1]
+    assert len(lines) == 3, lines
+    assert lines[0].endswith("step 1/1,000,000,000 loss 6.9000 (40 s)")  # no guess from the compiling step alone
+    assert "1,000,000,000 steps: about 579 days at 0.05 s a step (the first took 40 s)" in lines[1]
+    assert "step 6/1,000,000,000 loss 6.8000 (71 s; about" in lines[2]

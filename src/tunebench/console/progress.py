@@ -14,31 +14,42 @@ from tunebench.format import config_label, duration
 ProgressFn = Callable[[int, float | None], None]
 
 
-EXPECT_AFTER = (3, 10.0)  # the expected time is told after this many steps or seconds, whichever comes first
+EXPECT_AFTER = (3, 10.0)  # the expected time is told after this many steps past the first, or seconds
 QUIET_S = 30.0  # the longest a log goes without a line
 
 
 class _Pace:
-    """How long the run has taken and will take, from the steps so far; says once, early, when it is long."""
+    """How long the run has taken and will take, from the steps after the first (which compiles and warms the
+    allocator, and can take as long as many others); says once, early, when the run is long."""
 
     def __init__(self, steps: int):
         self.steps, self.t0, self.told = steps, time.perf_counter(), False
+        self.first: float | None = None  # seconds to the end of the first step
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
+    def step_s(self, done: int) -> float:
+        if self.first is None and done >= 1:
+            self.first = self.elapsed()
+        if done <= 1 or self.first is None:
+            return self.elapsed() / max(done, 1)
+        return (self.elapsed() - self.first) / (done - 1)
+
     def left(self, done: int) -> float:
-        return self.elapsed() / done * (self.steps - done)
+        return self.step_s(done) * (self.steps - done)
 
     def expectation(self, done: int) -> str | None:
         """One line, once, after the first steps: the expected time of the whole run, when it is long."""
-        if self.told or (done < EXPECT_AFTER[0] and self.elapsed() < EXPECT_AFTER[1]) or done >= self.steps:
+        per = self.step_s(done)
+        past = done - 1, self.elapsed() - (self.first or 0.0)
+        if self.told or done >= self.steps or (past[0] < EXPECT_AFTER[0] and past[1] < EXPECT_AFTER[1]):
             return None
         self.told = True
         if self.left(done) < 60:
             return None
-        return (f"{self.steps:,} steps: about {duration(self.elapsed() + self.left(done))} at "
-                f"{self.elapsed() / done:.3g} s a step (from the first {done}); --steps sets fewer")
+        return (f"{self.steps:,} steps: about {duration(self.elapsed() + self.left(done))} at {per:.3g} s a step "
+                f"(the first took {self.first:.3g} s); --steps sets fewer")
 
 
 @contextlib.contextmanager
@@ -65,7 +76,7 @@ def run_progress(cfg: RunConfig, label: str = "") -> Iterator[ProgressFn]:
             if (i + 1) % every == 0 or i + 1 == cfg.steps or pace.elapsed() - last[0] >= QUIET_S:
                 last[0] = pace.elapsed()
                 shown = "" if loss is None else f" loss {loss:.4f}"
-                left = f"; about {duration(pace.left(i + 1))} left" if i + 1 < cfg.steps else ""
+                left = f"; about {duration(pace.left(i + 1))} left" if 1 < i + 1 < cfg.steps else ""
                 print(f"{name}: step {i + 1:,}/{cfg.steps:,}{shown} ({duration(pace.elapsed())}{left})",
                       file=sys.stderr, flush=True)
 
