@@ -288,7 +288,7 @@ def test_sharded_qlora_merge_is_the_quantized_base_plus_the_adapter(tb, local, t
     (["--resume", "latest"], "no complete checkpoint"),
     (["--output-dir", "{taken}"], "holds another training job"),
     (["--output-dir", "{foreign}"], "not a tunebench training job"),
-    (["--track", "wandb"], "unknown tracker"),
+    (["--track", "wandb,neptune"], "unknown tracker 'neptune'"),
 ])
 def test_bad_input_is_one_line(tb, local, tmp_path, extra, needle):
     (tmp_path / "empty.jsonl").write_text("")

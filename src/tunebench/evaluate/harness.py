@@ -64,6 +64,7 @@ def score(model: Any, tokenizer: Any, tasks: list[Any], cfg, device: str) -> tup
     """Every task's scores for one model, and the harness's time."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
 
     for name in ("lm_eval", "lm-eval"):  # its notes on a model passed as an object are not the user's business
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -71,6 +72,9 @@ def score(model: Any, tokenizer: Any, tasks: list[Any], cfg, device: str) -> tup
     started = time.perf_counter()
     results = simple_evaluate(model=lm, tasks=tasks, num_fewshot=cfg.num_fewshot, limit=cfg.limit,
                               log_samples=False, apply_chat_template=cfg.apply_chat_template,
+                              # the tasks are built already: without a manager the harness would index its whole
+                              # registry again, for nothing
+                              task_manager=TaskManager(include_defaults=False),
                               random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
                               fewshot_random_seed=cfg.seed)
     return _read(results or {}), time.perf_counter() - started
