@@ -71,6 +71,36 @@ def bpe_tokenizer(texts: list[str], specials: list[str], vocab_size: int, **name
     return PreTrainedTokenizerFast(tokenizer_object=tok, **named)
 
 
+COUNTING = "zero one two three four five six seven eight nine ten".split()
+
+
+def counting_model(root: Path, n: int = 400, rng=None, chat_template: str | None = None) -> list[str]:
+    """root/model: a local Llama-shaped model (random weights) with a BPE tokenizer trained on `n` runs of counting
+    words ("two three four"); root/text.jsonl: those texts, returned. `rng` draws them (random.Random(0))."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    rng = rng or random.Random(0)
+    texts = []
+    for _ in range(n):
+        a, k = rng.randrange(0, 6), rng.randrange(3, 6)
+        texts.append(" ".join(COUNTING[a:a + k]))
+    fast = bpe_tokenizer(texts, ["<pad>", "<s>", "</s>", "<unk>"], 300, bos_token="<s>", eos_token="</s>",
+                         pad_token="<pad>", unk_token="<unk>")
+    if chat_template:
+        fast.chat_template = chat_template
+    fast.save_pretrained(root / "model")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    ).save_pretrained(root / "model")
+    (root / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return texts
+
+
 def run_json(tb, store: Path, *extra: str) -> dict:
     code, out, err = tb("run", *QUICK, "--json", "--store", str(store), *extra)
     rec = json.loads(out)

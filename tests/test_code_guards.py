@@ -117,6 +117,18 @@ def test_the_launching_process_imports_no_engine():
     assert out.strip() == "[]"
 
 
+def test_a_model_process_loads_transformers_without_scikit_learn():
+    """tunebench's processes (launch.lean) load transformers' models without the scikit-learn that
+    lm-evaluation-harness installs (a second of every rank's start); it stays importable, and evaluation uses it."""
+    pytest.importorskip("sklearn")
+    code = ("import sys; from tunebench.launch import lean; lean.install(); lean.install(); "
+            "import transformers.generation.candidate_generator as c; from transformers import LlamaForCausalLM; "
+            "before = 'sklearn' in sys.modules; import sklearn.metrics; "
+            "print(before, type(c.__loader__).__name__, sum(type(f).__name__ == '_Guard' for f in sys.meta_path))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "_Hiding", "1"]
+
+
 def test_results_are_saved_in_one_place():
     """Only tunebench.api.records calls Store.save: every new result goes through api.finalize."""
     callers = {str(p.relative_to(SRC)) for p in _py_files() if _store_saves(ast.parse(p.read_text()))}

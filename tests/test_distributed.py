@@ -325,11 +325,13 @@ def test_root_cause_prefers_the_killed_rank_over_torchruns_teardown():
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory):
     """tiny-llama with its own random weights saved as safetensors: a local model directory."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     from tunebench.models import resolve_model
 
     path = tmp_path_factory.mktemp("model")
+    torch.manual_seed(0)  # the same weights whatever ran before (the test asks that they train visibly)
     AutoModelForCausalLM.from_config(resolve_model("tiny-llama").hf_config).save_pretrained(path)
     return str(path)
 

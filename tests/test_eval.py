@@ -6,37 +6,21 @@ import json
 import random
 
 import pytest
-import torch
 
-from conftest import bpe_tokenizer
+from conftest import COUNTING as WORDS
+from conftest import counting_model
 from tunebench.store import Store
 
 pytest.importorskip("lm_eval")
-
-WORDS = "zero one two three four five six seven eight nine ten".split()
 
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     """A local Llama-shaped model with random weights, counting data, and a next-word task as YAML + JSONL."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     root = tmp_path_factory.mktemp("eval")
     rng = random.Random(0)
-    texts = []
-    for _ in range(400):
-        a, n = rng.randrange(0, 6), rng.randrange(3, 6)
-        texts.append(" ".join(WORDS[a:a + n]))
-    fast = bpe_tokenizer(texts, ["<pad>", "<s>", "</s>", "<unk>"], 300, bos_token="<s>", eos_token="</s>",
-                         pad_token="<pad>", unk_token="<unk>")
-    fast.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    fast.save_pretrained(root / "model")
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(LlamaConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    ).save_pretrained(root / "model")
-    (root / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    counting_model(root, rng=rng, chat_template="{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                                                  "{% endfor %}")
     tasks = root / "tasks"
     tasks.mkdir()
     rows = []
@@ -137,7 +121,14 @@ def test_bad_input_is_one_line_and_stores_nothing(tb, local, tmp_path):
     empty.mkdir()
     (empty / "config.json").write_text((local / "model" / "config.json").read_text())
     task = str(local / "tasks" / "next.yaml")
-    cases = [(("eval", str(local / "model"), "--tasks", "hellasawg"), "no such task in lm-evaluation-harness "
+    narrow = tmp_path / "narrow"  # the tokenizer (58 tokens) on a model of 32 embeddings
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=1, num_attention_heads=2)).save_pretrained(narrow)
+    AutoTokenizer.from_pretrained(local / "model").save_pretrained(narrow)
+    cases = [(("eval", str(narrow), "--tasks", task), "more than the model's 32 embeddings"),
+             (("eval", str(local / "model"), "--tasks", "hellasawg"), "no such task in lm-evaluation-harness "
                                                                       "(close: hellaswag"),
              (("eval", str(local / "model"), "--tasks", "arc_easy"), "its dataset is not in the local cache"),
              (("eval", str(empty), "--tasks", task), "holds no weights"),

@@ -2,38 +2,21 @@
 own file, no system metrics, its folder in the record; a tracker that fails to start or mid-run only warns."""
 
 import json
-import random
 import struct
 from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
-from conftest import bpe_tokenizer
+from conftest import counting_model
 
 wandb = pytest.importorskip("wandb")
-
-WORDS = "zero one two three four five six seven eight nine ten".split()
-
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     """A local model folder (Llama shape, random weights) with a BPE tokenizer trained on the data."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     root = tmp_path_factory.mktemp("track")
-    rng = random.Random(0)
-    texts = [" ".join(WORDS[a:a + rng.randrange(3, 6)]) for a in (rng.randrange(0, 6) for _ in range(200))]
-    fast = bpe_tokenizer(texts, ["<pad>", "<s>", "</s>", "<unk>"], 300, bos_token="<s>", eos_token="</s>",
-                         pad_token="<pad>", unk_token="<unk>")
-    fast.save_pretrained(root / "model")
-    cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(root / "model")
-    (root / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    counting_model(root, 200)
     return root
 
 

@@ -6,7 +6,6 @@ that packing keeps examples apart, that the outputs load in transformers, and ea
 
 import json
 import math
-import random
 import signal
 import subprocess
 import sys
@@ -15,32 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import bpe_tokenizer, cli_subprocess
+from conftest import cli_subprocess, counting_model
 from tunebench.store import Store
-
-WORDS = "zero one two three four five six seven eight nine ten".split()
 
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     """A local model folder (Llama shape, random weights) with a BPE tokenizer trained on the data."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     root = tmp_path_factory.mktemp("train")
-    rng = random.Random(0)
-    texts = []
-    for _ in range(400):
-        a, n = rng.randrange(0, 6), rng.randrange(3, 6)
-        texts.append(" ".join(WORDS[a:a + n]))
-    fast = bpe_tokenizer(texts, ["<pad>", "<s>", "</s>", "<unk>"], 300, bos_token="<s>", eos_token="</s>",
-                         pad_token="<pad>", unk_token="<unk>")
-    fast.save_pretrained(root / "model")
-    cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(root / "model")
-    (root / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    texts = counting_model(root)
     (root / "pairs.jsonl").write_text("".join(json.dumps({"prompt": " ".join(t.split()[:2]),
                                                           "completion": " " + " ".join(t.split()[2:])}) + "\n"
                                               for t in texts[:200]))

@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from tunebench.config.yamlfile import load_yaml_file
 from tunebench.errors import UserError, invalid
@@ -70,6 +70,10 @@ def parse_bytes(v: Any) -> Any:
             raise ValueError(f"{v!r} is not a size (use bytes or a number with K, M or G)")
         return int(t[: len(t) - len(unit)]) * UNITS[unit]
     return v
+
+
+# Labels stored with records; one given alone (`--tag x`, `tag: x`) is a list of one.
+Tags = Annotated[list[str], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)]
 
 
 def listify(v: Any) -> Any:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tunebench.config.base import LAUNCH, MAX_SEED, MEASUREMENT, config_hash, identity, listify, parse_bytes
+from tunebench.config.base import LAUNCH, MAX_SEED, MEASUREMENT, Tags, config_hash, identity, listify, parse_bytes
 
 BenchPrecision = Literal["bf16", "fp16", "int8", "nf4", "fp4"]
 HwSection = Literal["host", "matmul", "bandwidth", "collectives"]
@@ -21,13 +21,8 @@ class _BenchConfig(BaseModel):
                                                    json_schema_extra=MEASUREMENT)
     telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) on GPUs",
                             json_schema_extra=LAUNCH)
-    tag: list[str] = Field(default_factory=list, description="free-text labels stored with the records",
+    tag: Tags = Field(default_factory=list, description="free-text labels stored with the records",
                            json_schema_extra=LAUNCH)
-
-    @field_validator("tag", mode="before")
-    @classmethod
-    def _tags(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
 
     def config_hash(self) -> str:
         return config_hash(identity(type(self), self.model_dump()))

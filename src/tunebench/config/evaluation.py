@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tunebench.config.base import LAUNCH, MAX_SEED, MEASUREMENT, config_hash, identity, listify
+from tunebench.config.base import LAUNCH, MAX_SEED, MEASUREMENT, Tags, config_hash, identity, listify
 
 
 class EvalConfig(BaseModel):
@@ -32,18 +32,13 @@ class EvalConfig(BaseModel):
                                                    json_schema_extra=MEASUREMENT)
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of few-shot sampling and the harness",
                       json_schema_extra=MEASUREMENT)
-    tag: list[str] = Field(default_factory=list, description="free-text labels stored with the records",
+    tag: Tags = Field(default_factory=list, description="free-text labels stored with the records",
                            json_schema_extra=LAUNCH)
 
     @field_validator("tasks", mode="before")
     @classmethod
     def _tasks(cls, v: Any) -> Any:
         return listify(v)
-
-    @field_validator("tag", mode="before")
-    @classmethod
-    def _tags(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
 
     @field_validator("limit")
     @classmethod

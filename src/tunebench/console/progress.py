@@ -29,9 +29,12 @@ class _Pace:
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
-    def step_s(self, done: int) -> float:
+    def mark(self, done: int) -> None:
+        """After each step: the end of the first is kept."""
         if self.first is None and done >= 1:
             self.first = self.elapsed()
+
+    def step_s(self, done: int) -> float:
         if done <= 1 or self.first is None:
             return self.elapsed() / max(done, 1)
         return (self.elapsed() - self.first) / (done - 1)
@@ -71,6 +74,7 @@ def run_progress(cfg: RunConfig, label: str = "") -> Iterator[ProgressFn]:
         every, last = max(1, cfg.steps // 10), [0.0]
 
         def line(i: int, loss: float | None) -> None:
+            pace.mark(i + 1)
             if (told := pace.expectation(i + 1)) is not None:
                 print(f"{name}: {told}", file=sys.stderr, flush=True)
             if (i + 1) % every == 0 or i + 1 == cfg.steps or pace.elapsed() - last[0] >= QUIET_S:
@@ -88,6 +92,7 @@ def run_progress(cfg: RunConfig, label: str = "") -> Iterator[ProgressFn]:
         task = prog.add_task(f"{name}: building", total=cfg.steps, loss="")
 
         def bar(i: int, loss: float | None) -> None:
+            pace.mark(i + 1)
             if (told := pace.expectation(i + 1)) is not None:
                 prog.console.print(f"{name}: {told}")
             phase = "warmup" if i < cfg.warmup else "timed"

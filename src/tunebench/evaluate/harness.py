@@ -62,10 +62,14 @@ def _read(results: dict[str, Any]) -> list[TaskScore]:
 
 def score(model: Any, tokenizer: Any, tasks: list[Any], cfg, device: str) -> tuple[list[TaskScore], float]:
     """Every task's scores for one model, and the harness's time."""
+    import lm_eval.loggers.utils as harness_env
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
+    # it runs `git describe` in whatever folder the user stands in: a hash of their repository, not the harness's,
+    # and git's "fatal: not a git repository" on the terminal everywhere else
+    harness_env.get_git_commit_hash = lambda: None
     for name in ("lm_eval", "lm-eval"):  # its notes on a model passed as an object are not the user's business
         logging.getLogger(name).setLevel(logging.ERROR)
     lm = HFLM(pretrained=model, tokenizer=tokenizer, device=device, batch_size=cfg.batch_size)

@@ -109,8 +109,29 @@ def _job(out: Path, target: str, with_base: bool, note: Callable[[str], None]) -
     return subjects
 
 
+def _vocabulary_fits(subject: Subject, target: str) -> Subject:
+    """The tokenizer's ids index the model's embeddings: a larger tokenizer is refused before anything loads."""
+    from transformers import AutoTokenizer
+
+    config = _json((subject.base or subject.folder) / "config.json", target)
+    rows = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    try:
+        size = len(AutoTokenizer.from_pretrained(subject.tokenizer, local_files_only=True))
+    except Exception as err:  # noqa: BLE001 - any loader's failure is the folder's fault, said in one line
+        raise _bad(target, f"the tokenizer in {subject.tokenizer} cannot be loaded ({type(err).__name__})") from None
+    if isinstance(rows, int) and size > rows:
+        raise _bad(target, f"the tokenizer in {subject.tokenizer} has {size:,} tokens, more than the model's "
+                           f"{rows:,} embeddings")
+    return subject
+
+
 def subjects(target: str, with_base: bool, note: Callable[[str], None]) -> list[Subject]:
-    """What to score for `target`, checked (folders and weights exist) but not loaded."""
+    """What to score for `target`, checked (folders, weights, the tokenizer against the embeddings) but not
+    loaded."""
+    return [_vocabulary_fits(s, target) for s in _found(target, with_base, note)]
+
+
+def _found(target: str, with_base: bool, note: Callable[[str], None]) -> list[Subject]:
     path = Path(target).expanduser()
     if not path.exists():
         raise _bad(target, "no such folder (give a model folder, an adapter folder or a train output_dir)")

@@ -31,8 +31,10 @@ def main(path: Path) -> int:
 
 
 if __name__ == "__main__":
+    from tunebench.launch import lean
     from tunebench.launch.processes import exit_now
 
+    lean.install()
     with contextlib.redirect_stdout(sys.stderr):
         code = main(Path(sys.argv[1]))
     exit_now(code)  # the result is written: skip the interpreter's teardown

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from tunebench.launch import lean
 from tunebench.launch.processes import die_with_parent, exit_now
 
 
@@ -61,6 +62,7 @@ def _watched(timeout_s: float, rank: int, rundir):
 
 
 if __name__ == "__main__":
+    lean.install()
     die_with_parent()  # torchrun killed (even by SIGKILL) takes every rank with it
     with contextlib.redirect_stdout(sys.stderr):
         main(Path(sys.argv[1]))
