@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import cli_subprocess
+from conftest import cli_subprocess, counting_model
 from tunebench.api.plan import prediction_for, run_config, what_ran
 from tunebench.api.records import finalize
 from tunebench.config import RunConfig
@@ -418,6 +418,124 @@ def test_plan_reads_a_train_config(tb, tmp_path):
 def test_plan_bad_input_is_one_line(tb, args, message):
     code, _, err = tb("plan", *args, "--no-store")
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+HELD_OUT_FILES = ("oos", "unseen", "plancheck")  # the out-of-sample checks: never fitted on
+
+
+def _gpu_runs(files) -> dict[str, dict]:
+    return {raw["id"][:12]: raw for f in files for raw in map(json.loads, f.read_text().splitlines())
+            if raw.get("kind") == "train" and raw.get("environment", {}).get("device") == "cuda"
+            and raw.get("status") in ("ok", "oom")}
+
+
+def test_validation_reports_the_fitted_runs_apart_from_the_held_out(capsys, request):
+    """`plan --validate` over the repository's GPU runs: those its constants were fitted on (plan/fitted_records.txt)
+    apart from those held out from any fit, each with the hw records and from the spec sheet; no verdict wrong."""
+    from tunebench.api.validate import fitted_ids, tables, validate
+    from tunebench.console import print_table
+
+    held = _gpu_runs(f for f in DATA.glob("*.jsonl") if any(h in f.name for h in HELD_OUT_FILES))
+    every = _gpu_runs(DATA.glob("*.jsonl"))
+    assert held and not set(held) & fitted_ids() and fitted_ids() <= set(every)
+    v = validate(DATA)
+    assert v.spec_sheet is not None and len(v.spec_sheet) == len(v.checks) == len(every)
+    for checks in (v.checks, v.spec_sheet):
+        assert {c.record.id[:12] for c in checks if c.set == "held out"} == set(held)
+        assert {c.record.id[:12] for c in checks if c.set == "fitted"} == fitted_ids()
+        assert not [c.label for c in checks if c.verdict_wrong]
+    if request.config.getoption("verbose") > 0:
+        with capsys.disabled():
+            for table in tables(v):
+                print_table(table)
+
+
+def test_validation_of_a_users_own_runs(tb, tmp_path):
+    """A user's runs are held out; a run that ran out of memory is held to its verdict only, and a 'fits' for it
+    is counted wrong; CPU runs are not planned; bad sources are one line."""
+    fitted_id, raw = next(iter(_gpu_runs(sorted(DATA.glob("*-h100-*.jsonl"))).items()))
+    mine = dict(raw, id="f" * 32)
+    small_oom = dict(raw, id="e" * 32, status="oom")  # planned to fit, yet it ran out of memory: a wrong verdict
+    huge_oom = json.loads(json.dumps(raw))
+    huge_oom.update(id="d" * 32, status="oom")
+    huge_oom["config"].update(model="llama-3-8b", method="full", batch_size=64, seq_len=4096, grad_ckpt=False,
+                              strategy="single")
+    cpu = dict(raw, id="c" * 32, environment=dict(raw["environment"], device="cpu"))
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (raw, mine, small_oom, huge_oom, cpu)))
+    code, out, err = tb("plan", "--validate", str(path), "--json")
+    assert code == 0, err
+    rows = {r["record"][:12]: r for r in json.loads(out)["runs"]}
+    assert set(rows) == {fitted_id, "f" * 12, "e" * 12, "d" * 12}
+    assert rows[fitted_id]["set"] == "fitted" and rows["f" * 12]["set"] == "held out"
+    assert rows["f" * 12]["memory_error"] == rows[fitted_id]["memory_error"] is not None
+    assert rows["e" * 12]["verdict_wrong"] and rows["e" * 12]["memory_error"] is None
+    assert rows["d" * 12]["verdict"] == "does not fit" and not rows["d" * 12]["verdict_wrong"]
+    code, out, err = tb("plan", "--validate", str(tmp_path))  # a folder: the same runs, as tables
+    assert code == 0 and "held out" in out and "fitted" in out and "(wrong)" in out, err
+    (tmp_path / "cpu.jsonl").write_text(json.dumps(cpu) + "\n")
+    for source, message in ((tmp_path / "gone", "no such file or folder"), (tmp_path / "cpu.jsonl", "no GPU run"),
+                            ("", "invalid validate=''")):
+        code, _, err = tb("plan", "--validate", str(source))
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_plan_max_answers_the_largest_batch_context_and_model_that_fit(tb):
+    """`plan --max`: the size answered fits (within 95% of the GPU) and the next one up does not."""
+    from tunebench.models.presets import PRESETS
+    from tunebench.plan import workload
+
+    h100 = match("NVIDIA H100 80GB HBM3")
+    cfg = RunConfig(model="llama-3.1-8b", method="qlora", seq_len=1024, batch_size=1, grad_ckpt=True)
+
+    def verdict(c: RunConfig) -> str:
+        return predict(c, h100, 1).verdict
+
+    base = ("plan", "--model", "llama-3.1-8b", "--method", "qlora", "--seq-len", "1024", "--batch-size", "1",
+            "--grad-ckpt", "--gpu", "H100-80GB", "--no-store", "--json")
+    code, out, err = tb(*base, "--max", "batch")
+    b = json.loads(out)["value"]
+    assert code == 0 and b > 1, err
+    assert verdict(cfg.model_copy(update={"batch_size": b})) == "fits"
+    assert verdict(cfg.model_copy(update={"batch_size": b + 1})) != "fits"
+    code, out, err = tb(*base, "--max", "seq-len")
+    s = json.loads(out)["value"]
+    assert code == 0 and s % 128 == 0 and verdict(cfg.model_copy(update={"seq_len": s})) == "fits"
+    assert verdict(cfg.model_copy(update={"seq_len": s + 128})) != "fits"
+    code, out, err = tb(*base, "--max", "model-size")
+    answer = json.loads(out)
+    size = {n: workload(cfg.model_copy(update={"model": n}), 1).counts.total for n in PRESETS}
+    assert code == 0 and verdict(cfg.model_copy(update={"model": answer["value"]})) == "fits"
+    assert all(t["verdict"] != "fits" for t in answer["tried"] if size[t["size"]] > size[answer["value"]])
+    code, out, err = tb(*base[:-1], "--max", "seq-len", "--offload", "activations")
+    assert code == 0 and "the largest sequence length: 131,072" in out and "the model's own limit" in out, out
+    code, out, err = tb(*base[:-1], "--max", "width")
+    assert code == 2 and "invalid choice: 'width'" in err
+
+
+def test_plan_data_counts_the_jobs_tokens_time_and_cost(tb, tmp_path):
+    """`plan --data`: the data tokenized with the model's tokenizer, as train will (every example's tokens and its
+    end-of-sequence), the job's steps from its rows, and their time and price on the GPU named."""
+    from transformers import AutoTokenizer
+
+    texts = counting_model(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
+    base = ("plan", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "text.jsonl"), "--seq-len", "64",
+            "--batch-size", "4", "--epochs", "3", "--gpu", "H100-80GB", "--no-store")
+    code, out, err = tb(*base, "--json")
+    assert code == 0, err
+    p = json.loads(out)
+    job = p["job"]
+    assert job["examples"] == len(texts)
+    assert job["tokens"] == sum(len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts)
+    assert job["steps"] == 3 * (job["rows"] // 4)
+    assert job["seconds"] == pytest.approx(job["steps"] * p["step_time_s"])
+    assert job["cost"].startswith("$") and " on demand at " in job["cost"]
+    code, out, err = tb(*base)
+    assert code == 0 and f"the job: {len(texts)} examples" in out and f"{job['steps']} steps of 256 tokens" in out
+    code, _, err = tb("plan", "--model", "tiny-llama", "--data", str(tmp_path / "text.jsonl"), "--gpu", "H100",
+                      "--no-store")
+    assert code == 2 and "has random weights and no tokenizer" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_plan_never_imports_torch():

@@ -23,7 +23,7 @@ TEXT = (ROOT / "README.md").read_text()
 DOCS = {f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
 # Examples that need what only a reader has (a GPU, an id from their store, their files): validated, not run.
 PLACEHOLDERS = ("SWEEP_ID", "3fa2c1", "baseline.db", "node0.db", "/models/my-llama", "diagnostic-20261121",
-                "tune-mistral-7b-20261121")
+                "tune-mistral-7b-20261121", "gpu-results.db")
 RUN_ON_CPU = ("results list", "results schema", "results export", "report ", "deploy ", "plan ")
 
 

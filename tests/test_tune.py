@@ -81,7 +81,40 @@ def test_search_prunes_clearly_worse_candidates_and_sets_the_abandon_time():
     tuner.next()
     assert slow.skipped == "predicted clearly worse than the best measured"
     tokens = slow.cfg.batch_size * slow.cfg.seq_len
-    assert tuner.max_step_s(slow) == pytest.approx(tokens / (best.prediction.tokens_per_s * 0.8))
+    assert tuner.max_step_s(slow) == (pytest.approx(tokens / (best.prediction.tokens_per_s * 0.8)),
+                                      "clearly slower than the best")
+    # and no step may be slower than the time left allows for the candidate's steps
+    assert tuner.max_step_s(slow, left_s=0.13) == (pytest.approx(0.01), "too slow to finish in the time left")
+
+
+def test_search_runs_nothing_that_cannot_finish_in_the_time_left_nor_far_beyond_what_ran():
+    """On a CPU ranked by a GPU's model: after the baseline (b2, 100 tokens/s), the candidates' times follow
+    the measured rate; a batch that would take longer than the time left is not started, and a batch more than 4x
+    the largest that ran waits for the batches between."""
+    space = Space(compile=(False,), checkpointing=((False, 1),), batches=(2, 4, 8, 16, 64, 1024))
+    tuner = Tuner(QWEN_LIKE, space, Objective("throughput"), _planner, None, trial_steps=10)
+    assert tuner.expected_s(tuner.candidates[0]) is None  # nothing measured: no rate to go by
+    base = next(c for c in tuner.candidates if c.cfg.batch_size == 2)
+    tuner.observe(base.cfg, _record(base.cfg, tps=100.0), seconds=10 * 20.48 + 5)  # 20.48 s a step, 5 s setup
+    by_batch = {c.cfg.batch_size: c for c in tuner.candidates}
+    step8 = 8 * 1024 / (by_batch[8].prediction.tokens_per_s * tuner.ratio())
+    assert tuner.expected_s(by_batch[8]) == pytest.approx(10 * step8 + 5, rel=1e-6)
+    nxt = tuner.next(left_s=10_000)
+    assert nxt.cfg.batch_size == 8  # 16, 64 and 1024 are predicted faster, but more than 4x the b2 that ran
+    assert by_batch[64].skipped.startswith("a batch beyond 4x") and by_batch[1024].skipped.startswith("expected to")
+    assert tuner.next(left_s=tuner.expected_s(by_batch[8]) - 1).cfg.batch_size == 4
+    assert by_batch[8].skipped.startswith("expected to take")
+    assert tuner.next(left_s=1.0) is None  # nothing finishes in a second
+
+
+def test_a_cpu_tune_leaves_out_what_only_pays_on_a_gpu():
+    from tunebench.tune.space import CHECKPOINTING, cpu_space
+
+    space, left_out = cpu_space(Space())
+    assert space.compile == (False,) and space.checkpointing == (CHECKPOINTING[0], CHECKPOINTING[-1])
+    assert left_out == ["torch.compile", "selective checkpointing"]
+    chosen = Space(compile=(True,), checkpointing=((True, 1, "matmuls", 1),))  # the user's own levers stay
+    assert cpu_space(chosen) == (chosen, [])
 
 
 def test_measurements_correct_the_ranking():
@@ -150,6 +183,10 @@ def test_tune_measures_stores_and_writes_the_best(tb, tmp_path):
     assert s["runs"] == 3 and s["baseline"]["config"]["batch_size"] == 2
     assert s["best"]["tokens_per_s"] >= s["baseline"]["tokens_per_s"]
     assert s["front"] and {"name", "tokens_per_s", "peak_mem_allocated_bytes"} <= set(s["front"][0])
+    # on the CPU: memory where it was measured (the host's RSS, no GPU allocation), every trial's steps shown
+    assert all(m["peak_mem_allocated_bytes"] is None and m["peak_rss_bytes"] > 0 for m in s["measured"])
+    assert "not tried on a CPU" not in err and err.count(" ok in ") == 3  # the levers it holds are the user's
+    assert sum(": step " in line for line in err.splitlines()) >= 3 * 3
     with Store(store) as st:
         recs = list(st.records(sweep_id=s["id"]))
         definition = st.sweep(s["id"])

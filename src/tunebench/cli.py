@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from tunebench import __version__
 from tunebench.config import EvalConfig, HwConfig, InferConfig, LoadConfig
 from tunebench.errors import UserError
-from tunebench.flags import Parser, add_config_flags, add_run_options, add_train_options
+from tunebench.flags import Parser, add_config_flags, add_data_flags, add_run_options, add_train_options
 from tunebench.flags import add_store as _store_arg
+from tunebench.launch import lean
 
 INTERNAL_ERROR = 3  # our bug: not bad input (2), not a failed run or regression (1)
 ENVIRONMENT = 74  # the machine's fault (EX_IOERR): a full disk, a read-only or forbidden path
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "or train config on a GPU, without running it")
     pl.add_argument("config", nargs="?", help="YAML run or train config; flags override its keys")
     add_config_flags(pl)
+    add_data_flags(pl)
     pl.add_argument("--gpu", help="the GPU to plan for (default: this machine's), e.g. H100-80GB, H200, A100-40GB")
     pl.add_argument("--json", action="store_true", help="print the prediction as JSON (the record's metric names, "
                                                         "the breakdown beside them)")
@@ -46,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-store", action="store_true", help="use the spec sheet, not the store's hw measurements")
     pl.add_argument("--calibration", action="store_true", help="print the planner's fitted constants (value, unit, "
                                                               "what each was fitted on) and exit")
+    pl.add_argument("--max", choices=["batch", "seq-len", "model-size"], help="the largest micro-batch, sequence "
+                                                                             "length or preset model that fits")
+    pl.add_argument("--validate", metavar="SOURCE", help="check the planner against measured GPU runs: a results "
+                                                         "store, a results export, a record.json or a folder of "
+                                                         "them; runs it was fitted on apart from the rest")
     _store_arg(pl)
 
     tu = sub.add_parser("tune", help="find the best configuration with few short runs: the planner ranks, real "
@@ -265,6 +272,7 @@ def _command(name: str):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    lean.install()
     argv = list(sys.argv[1:] if argv is None else argv)
     user_args: list[str] = []
     if argv[:1] == ["deploy"] and "--" in argv:  # everything after -- is tunebench's own arguments, verbatim

@@ -101,6 +101,19 @@ def _add_flag(p: Any, name: str, field: Any) -> None:
         p.add_argument(flag, dest=name, default=None, metavar=_metavar(field.annotation), help=shown)
 
 
+DATA_FIELDS = ("data", "tokenizer", "data_format", "text_field", "prompt_field", "completion_field", "messages_field",
+               "train_on_prompt", "packing", "epochs", "max_steps", "eval_data", "eval_fraction", "max_bad_rows")
+
+
+def add_data_flags(p: argparse.ArgumentParser) -> None:
+    """A training job's data keys (TrainConfig's), for `plan --data` to count the job's tokens."""
+    from tunebench.config import TrainConfig
+
+    group = p.add_argument_group("the job's data (plan --data: its tokens counted, the whole job's time and cost)")
+    for name in DATA_FIELDS:
+        _add_flag(group, name, TrainConfig.model_fields[name])
+
+
 def add_store(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None, help="results database (default $TUNEBENCH_STORE or "
                                                   "./tunebench-results/results.db)")

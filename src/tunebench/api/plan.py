@@ -4,6 +4,7 @@
     evaluates(train_config)                           whether a train job evaluates (a memory phase of its own)
     compare(cfg, gpu, worlds, strategies, store)      one row per strategy x world size (refusals named)
     prediction_for(rec)                               what the planner says of a finished run's config
+    job(train_cfg, prediction)                        a train config's data counted: its steps, time and cost
 """
 
 from __future__ import annotations
@@ -147,3 +148,30 @@ def with_predictions(records: list[ResultRecord], store: str | Path | None = Non
         if rec.kind == "train" and rec.metrics.predicted is None:
             rec.metrics.predicted = prediction_for(rec, store)
     return records
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """A training job's data, tokenized as `train` will (and cached for it), and what the whole job takes."""
+
+    stats: dict  # the prepared rows' statistics (examples, rows, tokens, trained tokens, truncated, ...)
+    eval_rows: int
+    steps: int
+    seconds: float  # the steps at the predicted step time (evaluations and saving not counted)
+    cost: str  # ", $X on demand at PROVIDER" or "" where the price sheet has no price for the GPU
+
+
+def job(cfg, prediction: Prediction) -> JobPlan:
+    """`cfg` (a TrainConfig): its data read, tokenized with its tokenizer and cached; its steps at the
+    prediction's step time and the price sheet's cheapest on-demand price."""
+    from tunebench.data.prepare import split_and_prepare
+    from tunebench.data.tokenizer import load_tokenizer
+    from tunebench.models.spec import resolve_model
+    from tunebench.report.cost import on_demand_cost
+
+    tok = load_tokenizer(cfg, resolve_model(cfg.model))
+    rows, held = split_and_prepare(cfg, tok)
+    steps = cfg.total_steps(rows.rows, prediction.world)
+    seconds = steps * prediction.time.seconds
+    return JobPlan(rows.stats, held.stats["rows"] if held else 0, steps, seconds,
+                   on_demand_cost(seconds, prediction.world, prediction.hw.gpu.name))

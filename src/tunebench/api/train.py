@@ -33,14 +33,6 @@ from tunebench.trainer.tracking import check as check_trackers
 PREEMPTED = 75  # exit code of a job stopped by a signal with its checkpoint saved (EX_TEMPFAIL: run it again)
 
 
-def total_steps(cfg: TrainConfig, rows: int, world: int) -> int:
-    micro_per_epoch = rows // (cfg.batch_size * world)
-    if micro_per_epoch == 0:
-        raise UserError(f"invalid batch_size={cfg.batch_size}: the data makes {rows} rows of {cfg.seq_len} tokens, "
-                        f"fewer than one global batch of {cfg.batch_size * world}")
-    return cfg.max_steps or max(1, round(cfg.epochs * micro_per_epoch / cfg.grad_accum))
-
-
 def predict(ran: TrainConfig, gpu: str | None, world: int, store: str | Path | None) -> dict | None:
     """tokens/s of the newest ok benchmark of this workload on this GPU and world size, if the store has one
     (`ran`: the job's config with its 'auto' choices made, as preflight made them: tunebench.choices.resolve)."""
@@ -64,21 +56,13 @@ def _announce(cfg: TrainConfig, total: int, world: int, pred: dict | None, gpu: 
     if pred:
         secs = tokens / pred["tokens_per_s"]
         line += f"; expected {duration(secs)} from {pred['source']} ({pred['tokens_per_s']:,.0f} tokens/s)"
-        line += _cost(secs, world, gpu)
+        from tunebench.report.cost import on_demand_cost
+
+        line += on_demand_cost(secs, world, gpu)
     else:
         line += f"; no stored benchmark of this workload on {gpu or 'this CPU'}: the time will be predicted from " \
                 "the first timed steps"
     say(line)
-
-
-def _cost(secs: float, world: int, gpu: str | None) -> str:
-    from tunebench.report.cost import load_prices, offerings_for
-
-    offers = [o for o in offerings_for(gpu, load_prices()) if o.on_demand]
-    if not offers:
-        return ""
-    o = min(offers, key=lambda o: o.on_demand)
-    return f", ${secs / 3600 * world * o.on_demand:.2f} on demand at {o.provider}"
 
 
 def _prepare(cfg: TrainConfig, plan) -> tuple[JobInputs, Prepared]:
@@ -104,7 +88,7 @@ def _prepare(cfg: TrainConfig, plan) -> tuple[JobInputs, Prepared]:
     if ck:
         output.check_resume(ck, identity, hashed_fields(RunConfig, run_cfg.model_dump()))
         say(f"train: resuming from {ck}")
-    total = total_steps(cfg, train_rows.rows, plan.world_size)
+    total = cfg.total_steps(train_rows.rows, plan.world_size)
     if ck:
         output.check_progress(ck, total)
     # what the job saves at its end is read now: the user's folders may change or go while it trains
@@ -130,10 +114,11 @@ def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | N
         raise UserError(f"invalid model={cfg.model}: the folder holds no weights (*.safetensors) to fine-tune; "
                         "`run` benchmarks a folder's shape with random weights, `train` needs the model's own")
     check_trackers(cfg.track)
+    tasks = None
     if cfg.eval_tasks:  # the tasks' names, files and data checked now, not after the training
         from tunebench.evaluate.tasks import build
 
-        build(cfg.eval_tasks, download=False)
+        tasks = build(cfg.eval_tasks, download=False)
     if store:
         check_store_path(store)  # bad input below (the data) must leave nothing behind, not even a store
     with output.locked(Path(cfg.output_dir)):  # before the folder is read: one job in it at a time
@@ -147,7 +132,7 @@ def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | N
             rec = launcher_for(cfg).launch(cfg, plan, inputs.to_json())
         if rec is None:
             return None
-        scored = _evaluate(cfg, rec)
+        scored = _evaluate(cfg, rec, tasks)
         rec = finalize(rec, store)
         write_text(Path(cfg.output_dir) / "record.json", rec.model_dump_json(indent=1))
         for e in scored:
@@ -156,7 +141,7 @@ def train(cfg: TrainConfig, store: str | Path | None = None) -> ResultRecord | N
     return rec
 
 
-def _evaluate(cfg: TrainConfig, rec: ResultRecord) -> list[ResultRecord]:
+def _evaluate(cfg: TrainConfig, rec: ResultRecord, tasks: list | None) -> list[ResultRecord]:
     """eval_tasks' records for a completed job (the trained model and its base), listed in the job's record. A
     failure here is said and leaves the job's outputs and record as they are."""
     job = rec.metrics.job
@@ -168,7 +153,7 @@ def _evaluate(cfg: TrainConfig, rec: ResultRecord) -> list[ResultRecord]:
     ecfg = EvalConfig(model=cfg.output_dir, tasks=cfg.eval_tasks, limit=cfg.eval_limit, tag=cfg.tag,
                       device="cpu" if cfg.device == "cpu" else "auto")
     try:
-        scored = list(run_eval(ecfg, say, train_record=rec.id))
+        scored = list(run_eval(ecfg, say, train_record=rec.id, tasks=tasks))
     except Exception as err:  # bad task input was refused before training; what is left is the harness's
         say(f"eval: failed, the job's outputs and record are kept: {type(err).__name__}: {headline(str(err))}")
         return []

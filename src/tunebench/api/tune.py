@@ -25,6 +25,7 @@ from tunebench.choices import resolve
 from tunebench.config import RunConfig
 from tunebench.errors import UserError
 from tunebench.files import claim_folder, replace_manifest, write_text
+from tunebench.format import duration
 from tunebench.launch.isolated import Isolated
 from tunebench.plan import Prediction, predict
 from tunebench.record import ResultRecord
@@ -32,7 +33,7 @@ from tunebench.store import Store, check_store
 from tunebench.strategies import STRATEGIES
 from tunebench.tune import Candidate, Objective, Point, Space, Tuner, front
 from tunebench.tune.search import key
-from tunebench.tune.space import describe, float8_levers, world_of
+from tunebench.tune.space import cpu_space, describe, float8_levers, world_of
 
 MANIFEST = ".tunebench-tune.json"  # what a tune wrote into its folder (files.claim_folder)
 PLAN_FOR_CPU = "H100-80GB"  # on a machine without a GPU, candidates are ranked by this GPU's model
@@ -179,13 +180,19 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
     if not space.float8:  # not held by --fixed: what this machine can run
         fp8 = float8_levers(settings.base, bool(gpu and gpu.fp8), importlib.util.find_spec("torchao") is not None)
         space = replace(space, float8=fp8)
+    left_out: list[str] = []
+    if gpu is None:
+        space, left_out = cpu_space(space)
     objective = objective_for(settings.objective, gpu, settings.prices)
-    tuner = Tuner(settings.base, space, objective, _predictor(gpu, store), gpu.memory_bytes if gpu else None)
+    tuner = Tuner(settings.base, space, objective, _predictor(gpu, store), gpu.memory_bytes if gpu else None,
+                  trial_steps=settings.warmup + settings.timed)
     tune_id = resume or new_sweep_id(f"tune-{settings.base.model}")
     for rec in done:
         tuner.observe(RunConfig.model_validate(rec.config), rec)
     if gpu is None:
-        say(f"tune: no GPU here; candidates are ranked by the {PLAN_FOR_CPU} model and bounded by real OOMs only")
+        say(f"tune: no GPU here; candidates are ranked by the {PLAN_FOR_CPU} model, corrected by this machine's "
+            "runs, and bounded by the time left" + (f"; not tried on a CPU: {', '.join(left_out)}" if left_out
+                                                     else ""))
     say(f"tune {tune_id}: {len(tuner.candidates)} candidates on {gpu_name}, objective {objective.name}, "
         f"budget {settings.max_runs} runs / {settings.max_minutes:g} min" + (f" ({len(done)} runs done)" if resume
                                                                           else ""))
@@ -200,29 +207,39 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
                 say("tune: the time budget is spent (or too little is left for another run)")
                 break
             measured = {key(c.cfg) for c in tuner.measured}
-            c = Candidate(settings.base, -1, tuner.predict(settings.base)) if baseline not in measured else tuner.next()
+            c = (Candidate(settings.base, -1, tuner.predict(settings.base)) if baseline not in measured
+                 else tuner.next(left))
             if c is None:
-                say("tune: every candidate left is measured, refused, predicted not to fit, or clearly worse")
+                say("tune: every candidate left is measured, refused, predicted not to fit, clearly worse, or "
+                    "expected to take longer than the time left")
                 break
             t0 = time.monotonic()
-            rec = _measure(c, tuner, settings, store, tune_id, min(left, settings.run_timeout), say)
+            rec = _measure(c, tuner, settings, store, tune_id, left, say)
             if rec is None:
                 continue
             durations.append(time.monotonic() - t0)
-            tuner.observe(c.cfg, rec)
+            tuner.observe(c.cfg, rec, durations[-1])
             used = time.monotonic() - started
             _save_definition(store, tune_id, settings, tuner, used, gpu_name)
     return _result(tune_id, settings, tuner, used, gpu_name, Path(out), baseline)
 
 
-def _measure(c: Candidate, tuner: Tuner, s: Settings, store: str | Path, tune_id: str, timeout: float,
+def _measure(c: Candidate, tuner: Tuner, s: Settings, store: str | Path, tune_id: str, left: float,
              say: Callable[[str], None]) -> ResultRecord | None:
-    """The candidate's short run, stored under the tune's id; None when this machine refuses it (not a run)."""
-    cfg = short(c.cfg, s, tuner.max_step_s(c), timeout)
-    guess = f", predicted {c.prediction.tokens_per_s:,.0f} tokens/s" if c.prediction else ""
-    say(f"tune: run {len(tuner.measured) + 1}/{s.max_runs}: {_name(c)}{guess}")
+    """The candidate's short run, stored under the tune's id, its steps shown as they go; None when this machine
+    refuses it (not a run)."""
+    timeout = min(left, s.run_timeout)
+    max_step, why = tuner.max_step_s(c, left)
+    cfg = short(c.cfg, s, max_step, timeout)
+    # the planner's figure, corrected by the runs so far (on a CPU, ranked by a GPU's model: it is the correction
+    # that makes it this machine's)
+    guess = f", predicted {c.prediction.tokens_per_s * tuner.ratio():,.0f} tokens/s" if c.prediction else ""
+    expected = tuner.expected_s(c)
+    say(f"tune: run {len(tuner.measured) + 1}/{s.max_runs}: {_name(c)}{guess}"
+        + (f", expected about {duration(expected)}" if expected else "") + f" ({duration(left)} left)")
+    t0 = time.monotonic()
     try:
-        rec = run(cfg, store, launcher=Isolated(timeout), sweep_id=tune_id)
+        rec = run(cfg, store, launcher=Isolated(timeout, echo=_progress_line), sweep_id=tune_id)
     except UserError as err:  # refused here (a package missing, too few GPUs): skipped, not counted
         tuner.refuse(c, str(err))
         say(f"tune:   refused: {err}")
@@ -232,8 +249,15 @@ def _measure(c: Candidate, tuner: Tuner, s: Settings, store: str | Path, tune_id
             if rec.status == "ok" and m.tokens_per_s and m.peak_mem_allocated_bytes else
             f"{m.tokens_per_s:,.0f} tokens/s" if rec.status == "ok" and m.tokens_per_s else
             (rec.error or "").splitlines()[0][:120])
-    say(f"tune:   {rec.status}: {what}" + (" (abandoned: clearly slower)" if m.stopped_early else ""))
+    cut = f" (cut after its first timed steps: {why}, over {max_step:.3g} s a step)" if m.stopped_early else ""
+    say(f"tune:   {rec.status} in {duration(time.monotonic() - t0)}: {what}{cut}")
     return rec
+
+
+def _progress_line(line: str) -> bool:
+    """A child's output shown during a tune: its step lines and its expected time (console.progress writes them
+    as `NAME: step K/N ...` and `NAME: N steps: about ...`), not its warnings."""
+    return ": step " in line or " steps: about " in line
 
 
 def _save_definition(store: str | Path, tune_id: str, s: Settings, tuner: Tuner, seconds: float, gpu: str) -> None:
@@ -289,7 +313,10 @@ def write_outputs(result: TuneResult, out: Path) -> dict[str, Path]:
     files = {"best": write_text(out / "best.yaml", "# tunebench tune " + result.id + ": the best configuration "
                                 f"({result.settings.objective})\n" + yaml.safe_dump(fields, sort_keys=False))}
     points = [(p, _name(c)) for p, c in _points(result.tuner)]
-    plot = pareto(points, {p.key for p, _ in result.front}, out, f"tune {result.id}")
+    on_gpu = any(c.record.metrics.peak_mem_allocated_bytes for _, c in _points(result.tuner))
+    plot = pareto(points, {p.key for p, _ in result.front}, out, f"tune {result.id}",
+                  "peak memory per GPU (GiB, allocated)" if on_gpu else
+                  "peak host memory (GiB, the process's RSS: a CPU run allocates no GPU memory)")
     if plot:
         files["pareto"] = plot
     files["summary"] = write_text(out / "tune.json", json.dumps(summary(result), indent=2))
@@ -302,7 +329,8 @@ def summary(result: TuneResult) -> dict[str, Any]:
     def run_of(c: Candidate) -> dict[str, Any]:
         m = c.record.metrics
         return {"name": _name(c), "record": c.record.id, "status": c.record.status, "tokens_per_s": m.tokens_per_s,
-                "peak_mem_allocated_bytes": m.peak_mem_allocated_bytes, "stopped_early": bool(m.stopped_early),
+                "peak_mem_allocated_bytes": m.peak_mem_allocated_bytes, "peak_rss_bytes": m.peak_rss_bytes,
+                "stopped_early": bool(m.stopped_early), "seconds": c.seconds,
                 "predicted_tokens_per_s": c.prediction.tokens_per_s if c.prediction else None,
                 "config": c.cfg.model_dump()}
 

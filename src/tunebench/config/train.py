@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tunebench.config.base import LAUNCH, listify
 from tunebench.config.run import MAX_STEPS, RunConfig
+from tunebench.errors import UserError
 
 DataFormat = Literal["auto", "text", "pairs", "chat"]
 Schedule = Literal["cosine", "linear", "constant"]
@@ -116,6 +117,14 @@ class TrainConfig(RunConfig):
             raise ValueError(f"resume={self.resume} with overwrite: overwrite deletes the checkpoints resume continues "
                              "from; give one of them")
         return self._check_shape_and_nodes()
+
+    def total_steps(self, rows: int, world: int) -> int:
+        """The job's optimizer steps over `rows` prepared rows on `world` processes (max_steps, else the epochs)."""
+        micro_per_epoch = rows // (self.batch_size * world)
+        if micro_per_epoch == 0:
+            raise UserError(f"invalid batch_size={self.batch_size}: the data makes {rows} rows of {self.seq_len} "
+                            f"tokens, fewer than one global batch of {self.batch_size * world}")
+        return self.max_steps or max(1, round(self.epochs * micro_per_epoch / self.grad_accum))
 
     def run_config(self) -> RunConfig:
         """The benchmark configuration of this job: what `tunebench run` measures for it."""

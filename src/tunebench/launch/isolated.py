@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tunebench.config import RunConfig
@@ -27,7 +28,7 @@ DEFAULT_RUN_TIMEOUT = 3600.0
 class Isolated:
     timeout: float = DEFAULT_RUN_TIMEOUT
     env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
-    echo: bool = False  # show the child's output on stderr as it comes
+    echo: bool | Callable[[str], bool] = False  # the child's output on stderr as it comes (or the lines it accepts)
 
     def launch(self, cfg: RunConfig, plan=None, inputs: dict | None = None) -> ResultRecord:
         with RunDir.temporary("tunebench-sweep-") as rundir:

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 PR_SET_PDEATHSIG = 1
@@ -85,18 +85,18 @@ def forwarded_signals(pid: int) -> Iterator[None]:
 
 
 def run_group(argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None,
-              echo: bool = False, keep: int = 120, forward: bool = False) -> Finished:
+              echo: bool | Callable[[str], bool] = False, keep: int = 120, forward: bool = False) -> Finished:
     """Run `argv` in a process group of its own that dies with this process, keeping its last `keep` lines
-    of output (echoed to stderr with `echo`). After `timeout` seconds, or when this process is interrupted,
-    the whole group is killed: the process, torchrun, every rank. With `forward`, SIGTERM and SIGINT are
-    passed on to it instead (see forwarded_signals)."""
+    of output (echoed to stderr with `echo`: every line, or those it accepts). After `timeout` seconds, or when
+    this process is interrupted, the whole group is killed: the process, torchrun, every rank. With `forward`,
+    SIGTERM and SIGINT are passed on to it instead (see forwarded_signals)."""
     tail: collections.deque[str] = collections.deque(maxlen=keep)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, bufsize=1, preexec_fn=die_with_parent, errors="replace")
 
     def read() -> None:
         for line in proc.stdout:
-            if echo:
+            if echo is True or (callable(echo) and echo(line)):
                 sys.stderr.write(line)
             tail.append(line)
 

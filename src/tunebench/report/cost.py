@@ -102,3 +102,12 @@ def cheapest(rec: ResultRecord, prices: list[Offering], spot: bool = False,
     gpu = rec.environment.get("gpu", {}).get("name")
     costs = [c for o in offerings_for(gpu, prices) if (c := cost_of(rec, o, spot, job_samples))]
     return min(costs, key=lambda c: c.dollars_per_hour) if costs else None
+
+
+def on_demand_cost(secs: float, world: int, gpu: str | None) -> str:
+    """', $X on demand at PROVIDER' for `secs` on `world` GPUs at the price sheet's cheapest; '' without a price."""
+    offers = [o for o in offerings_for(gpu, load_prices()) if o.on_demand]
+    if not offers:
+        return ""
+    o = min(offers, key=lambda o: o.on_demand)
+    return f", ${secs / 3600 * world * o.on_demand:.2f} on demand at {o.provider}"

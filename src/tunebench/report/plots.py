@@ -198,9 +198,10 @@ def loss_curves(jobs: list[ResultRecord], out: Path, names: dict) -> Path | None
     return _save(fig, out / "loss_curves.png")
 
 
-def pareto(points: list[tuple], front: set[str], out: Path, title: str) -> Path | None:
-    """Tokens/s against peak memory per GPU for every measured candidate; the Pareto front named and joined.
-    `points`: (tune.Point, name) pairs."""
+def pareto(points: list[tuple], front: set[str], out: Path, title: str,
+           memory: str = "peak memory per GPU (GiB, allocated)") -> Path | None:
+    """Tokens/s against peak memory for every measured candidate; the Pareto front named and joined.
+    `points`: (tune.Point, name) pairs; `memory`: what their memory is (the axis's label)."""
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(10, 6))
@@ -215,7 +216,7 @@ def pareto(points: list[tuple], front: set[str], out: Path, title: str) -> Path 
         right = p.memory / GIB > middle  # labels on the right half read leftwards, inside the axes
         ax.annotate(f"{name}{cost}", (p.memory / GIB, p.tokens_per_s), fontsize=7, xytext=(-4 if right else 4, 4),
                     textcoords="offset points", ha="right" if right else "left")
-    ax.set_xlabel("peak memory per GPU (GiB, allocated)")
+    ax.set_xlabel(memory)
     ax.set_ylabel("tokens/s (global)")
     ax.set_title(title)
     ax.legend(fontsize=8)

@@ -8,8 +8,14 @@ this machine stops misleading the ranking after one run). Candidates are skipped
     batch (its measured - predicted memory), or a smaller batch of the same structure ran out of memory
   - they are clearly worse: corrected prediction below `prune` x the best measured objective
 
-A run is abandoned after 3 timed steps when it is slower than the best so far by more than `abandon`
-(RunConfig.max_step_s), so a bad candidate costs its setup and a few steps.
+  - they would not finish in the time left: their expected time (the corrected prediction's steps plus the
+    setup the runs so far took) exceeds it
+  - they lie far outside what was measured: a batch more than EXTRAPOLATE times the largest that ran waits until
+    the batches between have run (the planner's speed is least sure there, and on a CPU a far batch can take
+    the whole budget)
+
+A run is abandoned after 3 timed steps when it is slower than the best so far by more than `abandon`, or too slow
+to finish in the time left (RunConfig.max_step_s), so a bad candidate costs its setup and a few steps.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from tunebench.record import ResultRecord
 from tunebench.tune.space import Space, batches, structures, with_batch, world_of
 
 OBJECTIVES = ("throughput", "cost", "memory")
+EXTRAPOLATE = 4  # a batch at most this many times the largest measured one is ranked by its prediction
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Candidate:
     structure: int  # index of its structure
     prediction: Prediction | None
     record: ResultRecord | None = None
+    seconds: float | None = None  # its run's wall time, setup included
     skipped: str | None = None  # why it was not measured
     refused: bool = False  # this machine cannot run it (a package or GPUs missing): never tried again
 
@@ -70,6 +78,7 @@ class Tuner:
     capacity: float | None  # bytes one GPU can hold (None: unknown, only real OOMs bound the batch)
     prune: float = 0.7
     abandon: float = 0.2
+    trial_steps: int = 13  # steps a candidate runs (warmup and timed)
     candidates: list[Candidate] = field(default_factory=list)
     oom_at: dict[int, int] = field(default_factory=dict)  # structure -> smallest batch that ran out of memory
     history: list[Candidate] = field(default_factory=list)  # measured, in the order they ran
@@ -82,14 +91,14 @@ class Tuner:
                     self.candidates.append(Candidate(cfg, s, self.predict(cfg)))
 
     # ---- what was measured
-    def observe(self, cfg: RunConfig, rec: ResultRecord) -> None:
+    def observe(self, cfg: RunConfig, rec: ResultRecord, seconds: float | None = None) -> None:
         c = self._find(cfg)
         if c is None:  # the baseline, or a run outside the grid: still informs the ratio and the best
             c = Candidate(cfg, -1, self.predict(cfg))
             self.candidates.append(c)
         if c.record is None:
             self.history.append(c)
-        c.record = rec
+        c.record, c.seconds = rec, seconds
         if rec.status == "oom" and c.structure >= 0:
             b = cfg.batch_size
             self.oom_at[c.structure] = min(b, self.oom_at.get(c.structure, b))
@@ -120,7 +129,7 @@ class Tuner:
         return max(ok, key=self.value) if ok else None
 
     # ---- what to measure next
-    def _ratio(self) -> float:
+    def ratio(self) -> float:
         """Median measured / predicted throughput so far (1 before any run)."""
         ratios = [c.record.metrics.tokens_per_s / c.prediction.tokens_per_s for c in self.measured
                   if c.prediction and c.record.status == "ok" and c.record.metrics.tokens_per_s]
@@ -130,7 +139,7 @@ class Tuner:
         p = c.prediction
         if p is None:
             return None
-        return self.objective.of(p.tokens_per_s * self._ratio(), p.mem.peak_allocated, c.world)
+        return self.objective.of(p.tokens_per_s * self.ratio(), p.mem.peak_allocated, c.world)
 
     def _memory_offset(self, c: Candidate) -> float:
         """Measured - predicted peak of the same structure at its largest measured ok batch (0 if none)."""
@@ -149,7 +158,29 @@ class Tuner:
         m = c.prediction.mem
         return m.total + self._memory_offset(c) <= self.capacity
 
-    def next(self) -> Candidate | None:
+    def step_s(self, c: Candidate) -> float | None:
+        """The candidate's step time: its prediction corrected by the runs so far (None before any ran)."""
+        if c.prediction is None or not any(m.record.status == "ok" for m in self.measured):
+            return None
+        return tokens_per_step(c) / (c.prediction.tokens_per_s * self.ratio())
+
+    def expected_s(self, c: Candidate) -> float | None:
+        """Its run's expected wall time: its steps, plus the setup (start-up, build, compilation) the runs so far
+        took beyond their steps (the median)."""
+        step = self.step_s(c)
+        if step is None:
+            return None
+        setups = [m.seconds - self.trial_steps * tokens_per_step(m) / m.record.metrics.tokens_per_s
+                  for m in self.measured if m.seconds and m.record.status == "ok" and m.record.metrics.tokens_per_s]
+        return self.trial_steps * step + max(0.0, statistics.median(setups) if setups else 0.0)
+
+    def _far(self, c: Candidate) -> bool:
+        ran = [m.cfg.batch_size for m in self.measured if m.record.status == "ok"]
+        return bool(ran) and c.cfg.batch_size > EXTRAPOLATE * max(ran)
+
+    def next(self, left_s: float | None = None) -> Candidate | None:
+        """The candidate to run next; `left_s`: the seconds left in the budget (none is chosen that would not
+        finish in them)."""
         best = self.best()
         floor = None if best is None else self.value(best)
         tried = {_twin(c.cfg) for c in self.measured}
@@ -159,6 +190,13 @@ class Tuner:
                 continue
             if not self.fits(c):
                 c.skipped = "does not fit"
+                continue
+            expected = self.expected_s(c)
+            if left_s is not None and expected is not None and expected > left_s:
+                c.skipped = f"expected to take {expected:,.0f} s, {left_s:,.0f} s left"
+                continue
+            if self._far(c):
+                c.skipped = f"a batch beyond {EXTRAPOLATE}x the largest that ran: after the batches between"
                 continue
             v = self.predicted_value(c)
             if floor is not None and v is not None and _worse(v, floor, self.prune):
@@ -172,16 +210,23 @@ class Tuner:
             return None
         return max(ranked, key=lambda t: t[:3])[3]
 
-    def max_step_s(self, c: Candidate) -> float | None:
-        """A step time beyond which `c` is clearly worse than the best so far (throughput and cost only)."""
+    def max_step_s(self, c: Candidate, left_s: float | None = None) -> tuple[float | None, str]:
+        """A step time beyond which `c` is abandoned, and why: clearly worse than the best so far (throughput and
+        cost), or too slow to finish its steps in the `left_s` seconds left."""
+        bounds = []
+        if left_s is not None:
+            bounds.append((left_s / self.trial_steps, "too slow to finish in the time left"))
         best = self.best()
-        if best is None or self.objective.name == "memory":
-            return None
-        tokens = c.cfg.batch_size * c.cfg.seq_len * c.cfg.grad_accum * c.world
-        best_tps = best.record.metrics.tokens_per_s
-        if self.objective.name == "cost":  # same $ per token: tokens/s in proportion to the GPUs paid for
-            best_tps *= c.world / best.world
-        return tokens / (best_tps * (1 - self.abandon))
+        if best is not None and self.objective.name != "memory":
+            best_tps = best.record.metrics.tokens_per_s
+            if self.objective.name == "cost":  # same $ per token: tokens/s in proportion to the GPUs paid for
+                best_tps *= c.world / best.world
+            bounds.append((tokens_per_step(c) / (best_tps * (1 - self.abandon)), "clearly slower than the best"))
+        return min(bounds) if bounds else (None, "")
+
+
+def tokens_per_step(c: Candidate) -> int:
+    return c.cfg.batch_size * c.cfg.seq_len * c.cfg.grad_accum * c.world
 
 
 def _twin(cfg: RunConfig) -> str:

@@ -11,7 +11,7 @@ batch) and batches that do not divide it are left out.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
 from tunebench.errors import UserError
@@ -87,6 +87,20 @@ def float8_levers(base: RunConfig, fp8_gpu: bool, torchao: bool) -> tuple[str, .
     if base.method == "full" and fp8_gpu and torchao:
         return tuple(dict.fromkeys((base.float8, "tensorwise")))
     return (base.float8,)
+
+
+def cpu_space(space: Space) -> tuple[Space, list[str]]:
+    """The levers worth a run on a machine without a GPU, and what was left out: compilation (minutes of C++ build
+    per candidate, for a few percent) and the checkpointing variants that trade GPU memory for recomputation (the
+    host's memory bounds nothing a GPU's does; every block checkpointed is kept, for a host short of memory).
+    Levers the user chose are left as they are."""
+    left_out = []
+    if space.compile == (False, True):
+        space, left_out = replace(space, compile=(False,)), [*left_out, "torch.compile"]
+    if space.checkpointing == CHECKPOINTING:
+        space = replace(space, checkpointing=(CHECKPOINTING[0], CHECKPOINTING[-1]))
+        left_out.append("selective checkpointing")
+    return space, left_out
 
 
 def _float8(base: RunConfig, space: Space, strategy: str, world: int) -> list[str]:

@@ -17,15 +17,20 @@ def result_tables(result: Any) -> list[Table]:
     """`result`: api.tune.TuneResult (its tuner's measured candidates, the best, the baseline, the front)."""
     front = {c.record.id for _, c in result.front}
     best = result.best.record.id if result.best else None
-    runs = Table(["#", "candidate", "status", "tokens/s", "predicted", "peak alloc/GPU", "note"],
+    cpu = result.gpu == "CPU"  # ranked by a GPU's model; memory is the process's RSS, not GPU allocations
+
+    def memory(m: Any) -> str:
+        return gib(m.peak_rss_bytes if cpu else m.peak_mem_allocated_bytes)
+
+    runs = Table(["#", "candidate", "status", "tokens/s", "predicted (a GPU's model)" if cpu else "predicted",
+                  "peak RSS (host)" if cpu else "peak alloc/GPU", "note"],
                  title=f"tune {result.id}: {result.runs} runs, objective {result.settings.objective}")
     for i, c in enumerate(result.tuner.measured, 1):
         m = c.record.metrics
         note = [w for w, on in (("best", c.record.id == best), ("Pareto front", c.record.id in front),
                                 ("baseline", c is result.baseline), ("abandoned early", m.stopped_early)) if on]
         runs.add(str(i), _name(c), c.record.status, fmt(m.tokens_per_s, ",.0f"),
-                 fmt(c.prediction.tokens_per_s if c.prediction else None, ",.0f"), gib(m.peak_mem_allocated_bytes),
-                 ", ".join(note))
+                 fmt(c.prediction.tokens_per_s if c.prediction else None, ",.0f"), memory(m), ", ".join(note))
     tables = [runs]
     if result.best:
         s = Table(["", ""], title="result", show_header=False)
@@ -33,7 +38,7 @@ def result_tables(result: Any) -> list[Table]:
         s.add("best", f"{_name(x)}: {result.tuner.objective.describe(result.tuner.value(x))}")
         if b and b.record.status == "ok":
             s.add("baseline", f"{_name(b)}: {fmt(b.record.metrics.tokens_per_s, ',.0f')} tokens/s, "
-                              f"{gib(b.record.metrics.peak_mem_allocated_bytes)}")
+                              f"{memory(b.record.metrics)}" + (" peak RSS" if cpu else ""))
         elif b:
             s.add("baseline", f"{_name(b)}: {b.record.status}")
         if result.speedup:

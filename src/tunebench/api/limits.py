@@ -1,0 +1,118 @@
+"""`tunebench plan --max batch|seq-len|model-size`: the largest micro-batch, sequence or model that fits.
+
+    largest(cfg, what, gpu, world, store) -> Limit
+
+Answered by the planner alone (nothing runs): the configuration is planned at growing sizes, doubling until the
+verdict is no longer `fits` (within 95% of the GPU's memory), then bisected to the exact size. A model size is
+chosen among the presets (public shapes), the configuration otherwise as given. Each answer carries its
+prediction, so its tokens/s and memory come with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunebench.api.plan import default_world, measured_hw, target_gpu
+from tunebench.config import RunConfig
+from tunebench.errors import UserError
+from tunebench.plan import Prediction, predict
+
+WHAT = ("batch", "seq-len", "model-size")
+MAX_BATCH, MAX_SEQ = 1 << 16, 1 << 22  # searched no further (a size beyond: "at least")
+SEQ_STEP = 128  # sequence lengths are answered in multiples of this (attention kernels' tiles)
+
+
+@dataclass
+class Limit:
+    what: str
+    value: int | str | None  # the largest that fits (None: not even the smallest)
+    prediction: Prediction | None
+    at_least: bool = False  # the search's own bound was reached: the answer is a lower bound
+    note: str = ""
+    tried: list[tuple[int | str, Prediction | None, str]] = field(default_factory=list)  # (size, plan, refused)
+
+
+def _plan(cfg: RunConfig, gpu, world: int, hw) -> tuple[Prediction | None, str]:
+    try:
+        p = predict(cfg, gpu, world, hw)
+    except (UserError, ValueError) as err:
+        return None, str(err).splitlines()[0] if str(err) else type(err).__name__
+    return p, ""
+
+
+def _grow(make, lo: int, top: int, step: int, fits) -> tuple[int | None, bool]:
+    """The largest size in [lo, top] (a multiple of `step`) for which fits(make(size)) holds, assuming it holds
+    below any size where it holds: doubling, then bisection."""
+    if not fits(make(lo)):
+        return None, False
+    good, size = lo, lo
+    while True:
+        size = min(size * 2, top)
+        if not fits(make(size)):
+            bad = size
+            break
+        good = size
+        if size == top:
+            return top, True
+    while bad - good > step:
+        mid = (good + bad) // 2 // step * step
+        if mid <= good:
+            break
+        good, bad = (mid, bad) if fits(make(mid)) else (good, mid)
+    return good, False
+
+
+def largest(cfg: RunConfig, what: str, gpu: str | None = None, world: int | None = None,
+            store: str | Path | None = None) -> Limit:
+    """The largest `what` (batch, seq-len, model-size) of `cfg` that fits the GPU named (or this machine's)."""
+    if what not in WHAT:
+        raise UserError(f"invalid max={what}: choose from {', '.join(WHAT)}")
+    target, detected = target_gpu(gpu)
+    hw = measured_hw(store, target)
+    n = world or default_world(cfg, detected)
+    limit = Limit(what, None, None)
+    seen: dict[int | str, Prediction | None] = {}
+
+    def fits(variant: RunConfig) -> bool:
+        size = {"batch": variant.batch_size, "seq-len": variant.seq_len, "model-size": variant.model}[what]
+        p, refused = _plan(variant, target, n, hw)
+        seen[size] = p
+        limit.tried.append((size, p, refused))
+        return p is not None and p.verdict == "fits"
+
+    if what == "model-size":
+        return _largest_model(cfg, limit, fits, seen)
+    if what == "batch":
+        value, capped = _grow(lambda b: cfg.model_copy(update={"batch_size": b}), 1, MAX_BATCH, 1, fits)
+        limit.at_least = capped
+    else:
+        from tunebench.models.spec import resolve_model
+
+        positions = resolve_model(cfg.model).max_positions
+        top = (positions or MAX_SEQ) // SEQ_STEP * SEQ_STEP
+        value, capped = _grow(lambda s: cfg.model_copy(update={"seq_len": s}), SEQ_STEP, top, SEQ_STEP, fits)
+        limit.at_least = capped and not positions
+        if capped and positions:
+            limit.note = f"the model's own limit ({positions:,} positions): memory would allow more"
+    limit.value = value
+    limit.prediction = seen.get(value) if value is not None else None
+    limit.tried.sort(key=lambda t: t[0])
+    return limit
+
+
+def _largest_model(cfg: RunConfig, limit: Limit, fits, seen) -> Limit:
+    """Every preset of the configuration's method, largest first by parameters; the first that fits."""
+    from tunebench.models.presets import PRESETS
+    from tunebench.plan import workload
+
+    sized = []
+    for name in PRESETS:
+        try:
+            sized.append((workload(cfg.model_copy(update={"model": name}), 1).counts.total, name))
+        except (UserError, ValueError):
+            continue
+    for _, name in sorted(sized, reverse=True):
+        if fits(cfg.model_copy(update={"model": name})) and limit.value is None:
+            limit.value, limit.prediction = name, seen[name]
+    return limit
