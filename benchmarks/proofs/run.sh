@@ -88,6 +88,8 @@ families)  # each family's GPU paths against transformers', then LoRA and QLoRA 
     done
   done
   ;;
+planner-oos-4gpu)  # the records held out from every fit, planned again as a new user would
+  tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-check)  # each record's prediction against what it measured (the sweep above stored both)
   tb report --out "$OUT/report" > /dev/null && sed -n '/^## Planner/,/^## [^P]/p' "$OUT/report/report.md" ;;
 hardware-inference)  # tunebench hw (collectives too where there are several GPUs), load, infer; HF generate

@@ -174,15 +174,7 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
     check_settings(settings)
     claim_folder(Path(out), MANIFEST, "tune output", force)
     gpu, gpu_name = _machine_gpu()
-    space = settings.space
-    if not importlib.util.find_spec("deepspeed"):
-        space = replace(space, deepspeed_available=False)
-    if not space.float8:  # not held by --fixed: what this machine can run
-        fp8 = float8_levers(settings.base, bool(gpu and gpu.fp8), importlib.util.find_spec("torchao") is not None)
-        space = replace(space, float8=fp8)
-    left_out: list[str] = []
-    if gpu is None:
-        space, left_out = cpu_space(space)
+    space, left_out = _space_here(settings, gpu)
     objective = objective_for(settings.objective, gpu, settings.prices)
     tuner = Tuner(settings.base, space, objective, _predictor(gpu, store), gpu.memory_bytes if gpu else None,
                   trial_steps=settings.warmup + settings.timed)
@@ -222,6 +214,17 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
             used = time.monotonic() - started
             _save_definition(store, tune_id, settings, tuner, used, gpu_name)
     return _result(tune_id, settings, tuner, used, gpu_name, Path(out), baseline)
+
+
+def _space_here(s: Settings, gpu: gpus.Gpu | None) -> tuple[Space, list[str]]:
+    """The search space as this machine can run it, and what a CPU leaves out."""
+    space = s.space
+    if not importlib.util.find_spec("deepspeed"):
+        space = replace(space, deepspeed_available=False)
+    if not space.float8:  # not held by --fixed: what this machine can run
+        fp8 = float8_levers(s.base, bool(gpu and gpu.fp8), importlib.util.find_spec("torchao") is not None)
+        space = replace(space, float8=fp8)
+    return cpu_space(space) if gpu is None else (space, [])
 
 
 def _measure(c: Candidate, tuner: Tuner, s: Settings, store: str | Path, tune_id: str, left: float,

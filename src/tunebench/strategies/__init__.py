@@ -168,7 +168,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
                           optimizer_bytes=UNSHARDED_ADAMW, whole_graph_host_per_block_s=1.2e-3),
              whole_compile=True),
     Strategy("fsdp", "FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded", "fsdp",
-             PlannerFacts("fsdp", reserve=0.3, host_per_block_s=2.7e-3, overlap=0.7, compiled_blocks_host=False,
+             # reserve: what FSDP2 runs reserve beyond their peak allocation (all-gather buffers freed and reused
+             # block by block), fitted on the runs of plan/fitted_records.txt (benchmarks/results/planner.md)
+             PlannerFacts("fsdp", reserve=0.2, host_per_block_s=2.7e-3, overlap=0.7, compiled_blocks_host=False,
                           optimizer_bytes={"adamw": 136, "adamw_fused": 95}, collective_latency_per_block_s=0.5e-3),
              shards="everything", hybrid=True, meta_init=True),
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero",
