@@ -107,6 +107,23 @@ def test_search_runs_nothing_that_cannot_finish_in_the_time_left_nor_far_beyond_
     assert tuner.next(left_s=1.0) is None  # nothing finishes in a second
 
 
+def test_a_baseline_with_compile_auto_is_not_run_again_as_what_it_resolved_to():
+    """The baseline `compile: auto` ran compiled: the grid's compiled twin is that run, not a candidate (a GPU tune
+    spent one of its runs on it)."""
+    base = QWEN_LIKE.model_copy(update={"compile": "auto", "batch_size": 4})
+    tuner = Tuner(base, Space(checkpointing=((False, 1),), batches=(4, 8)), Objective("throughput"), _planner, None)
+    rec = _record(base, tps=1000.0)
+    rec.metrics.compile_scope = "blocks"
+    tuner.observe(base, rec, 30.0)
+    twin = next(c for c in tuner.candidates if c.cfg.compile is True and c.cfg.batch_size == 4)
+    assert twin.record is rec and len(tuner.measured) == 1
+    picked = set()
+    while (c := tuner.next()) is not None:
+        picked.add((c.cfg.compile, c.cfg.batch_size))
+        tuner.observe(c.cfg, _record(c.cfg, tps=900.0), 30.0)
+    assert (True, 4) not in picked and {(False, 4), (True, 8), (False, 8)} <= picked
+
+
 def test_a_cpu_tune_leaves_out_what_only_pays_on_a_gpu():
     from tunebench.tune.space import CHECKPOINTING, cpu_space
 

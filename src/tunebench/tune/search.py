@@ -99,9 +99,22 @@ class Tuner:
         if c.record is None:
             self.history.append(c)
         c.record, c.seconds = rec, seconds
+        self._cover_twin(cfg, rec)
         if rec.status == "oom" and c.structure >= 0:
             b = cfg.batch_size
             self.oom_at[c.structure] = min(b, self.oom_at.get(c.structure, b))
+
+    def _cover_twin(self, cfg: RunConfig, rec: ResultRecord) -> None:
+        """A run with `compile: auto` ran compiled or not: the grid's candidate it resolved to is that run, never run
+        again (not counted as a run of its own)."""
+        if cfg.compile != "auto" or rec.status not in ("ok", "oom"):
+            return
+        twin = self._find(cfg.model_copy(update={"compile": bool(rec.metrics.compile_scope)}))
+        if twin is not None and twin.record is None:
+            twin.record, twin.skipped = rec, "ran as the baseline (its compile: auto)"
+            if rec.status == "oom":
+                b = cfg.batch_size
+                self.oom_at[twin.structure] = min(b, self.oom_at.get(twin.structure, b))
 
     def refuse(self, c: Candidate, why: str) -> None:
         if c not in self.candidates:
