@@ -101,7 +101,7 @@ def test_search_runs_nothing_that_cannot_finish_in_the_time_left_nor_far_beyond_
     assert tuner.expected_s(by_batch[8]) == pytest.approx(10 * step8 + 5, rel=1e-6)
     nxt = tuner.next(left_s=10_000)
     assert nxt.cfg.batch_size == 8  # 16, 64 and 1024 are predicted faster, but more than 4x the b2 that ran
-    assert by_batch[64].skipped.startswith("a batch beyond 4x") and by_batch[1024].skipped.startswith("expected to")
+    assert by_batch[64].skipped.startswith("beyond 4x") and by_batch[1024].skipped.startswith("expected to")
     assert tuner.next(left_s=tuner.expected_s(by_batch[8]) - 1).cfg.batch_size == 4
     assert by_batch[8].skipped.startswith("expected to take")
     assert tuner.next(left_s=1.0) is None  # nothing finishes in a second
@@ -122,6 +122,38 @@ def test_a_baseline_with_compile_auto_is_not_run_again_as_what_it_resolved_to():
         picked.add((c.cfg.compile, c.cfg.batch_size))
         tuner.observe(c.cfg, _record(c.cfg, tps=900.0), 30.0)
     assert (True, 4) not in picked and {(False, 4), (True, 8), (False, 8)} <= picked
+
+
+def test_the_context_objective_grows_the_sequence_and_an_oom_bounds_its_levers():
+    """`--objective context`: the longest sequence that trains at the batch size. Lengths grow at most 4x past the
+    longest that ran; one that ran out of memory rules out the longer ones with the same levers, not the others."""
+    lengths = tuple(1024 << k for k in range(8))  # 1k .. 128k
+    space = Space(seq_lens=lengths, batches=(1,), compile=(False,), checkpointing=((False, 1), (True, 1)))
+    tuner = Tuner(QWEN_LIKE, space, Objective("context"), _planner, H100.memory_bytes)
+    tuner.observe(QWEN_LIKE, _record(QWEN_LIKE, tps=5000.0))
+    first = tuner.next()
+    assert first.cfg.seq_len == 4096  # the longest predicted to fit, within 4x of what ran
+    tuner.observe(first.cfg, _record(first.cfg, tps=4000.0))
+    second = tuner.next()
+    assert second.cfg.seq_len == 16384
+    tuner.observe(second.cfg, _record(second.cfg, "oom"))
+    later = tuner.next()
+    same = [c for c in tuner.candidates if c.cfg.grad_ckpt == second.cfg.grad_ckpt and c.cfg.seq_len >= 16384]
+    assert all(not tuner.fits(c) for c in same) and later is not None
+    assert later.cfg.grad_ckpt != second.cfg.grad_ckpt and later.cfg.seq_len == 16384  # the other levers may
+    tuner.observe(later.cfg, _record(later.cfg, tps=3000.0))
+    assert tuner.best() is next(c for c in tuner.measured if c is later)
+    assert Objective("context").describe(tuner.value(later)) == "16,384 tokens of context"
+
+
+def test_a_context_tune_on_the_cpu_writes_the_longest_that_trained(tb, tmp_path):
+    code, stdout, err = _tune(tb, tmp_path / "t.db", tmp_path / "tune", "--objective", "context", "--max-runs", "3")
+    assert code == 0, err
+    s = json.loads(stdout)
+    lengths = [m["config"]["seq_len"] for m in s["measured"]]
+    assert lengths[0] == 64 and all(b <= 4 * max(lengths[:i + 1]) for i, b in enumerate(lengths[1:]))
+    assert s["best"]["config"]["seq_len"] == max(lengths) > 64
+    assert yaml.safe_load((tmp_path / "tune" / "best.yaml").read_text())["seq_len"] == max(lengths)
 
 
 def test_a_cpu_tune_leaves_out_what_only_pays_on_a_gpu():

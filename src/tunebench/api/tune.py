@@ -36,6 +36,7 @@ from tunebench.tune.search import key
 from tunebench.tune.space import cpu_space, describe, float8_levers, world_of
 
 MANIFEST = ".tunebench-tune.json"  # what a tune wrote into its folder (files.claim_folder)
+CONTEXT_LIMIT = 1 << 20  # the longest sequence a context search tries where the model states no limit
 PLAN_FOR_CPU = "H100-80GB"  # on a machine without a GPU, candidates are ranked by this GPU's model
 
 
@@ -217,8 +218,15 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
 
 
 def _space_here(s: Settings, gpu: gpus.Gpu | None) -> tuple[Space, list[str]]:
-    """The search space as this machine can run it, and what a CPU leaves out."""
+    """The search space as this machine can run it, and what a CPU leaves out. For the context objective: the
+    sequence doubling from the configuration's up to the model's positions, the micro-batch as given."""
     space = s.space
+    if s.objective == "context" and not space.seq_lens:
+        from tunebench.models.spec import resolve_model
+
+        top = resolve_model(s.base.model).max_positions or CONTEXT_LIMIT
+        lengths = [s.base.seq_len << k for k in range(32) if s.base.seq_len << k <= top] or [s.base.seq_len]
+        space = replace(space, seq_lens=tuple(lengths), batches=space.batches or (s.base.batch_size,))
     if not importlib.util.find_spec("deepspeed"):
         space = replace(space, deepspeed_available=False)
     if not space.float8:  # not held by --fixed: what this machine can run

@@ -7,7 +7,6 @@ this machine stops misleading the ranking after one run). Candidates are skipped
   - they cannot fit: the planner says so, shifted by what the same structure measured at a smaller
     batch (its measured - predicted memory), or a smaller batch of the same structure ran out of memory
   - they are clearly worse: corrected prediction below `prune` x the best measured objective
-
   - they would not finish in the time left: their expected time (the corrected prediction's steps plus the
     setup the runs so far took) exceeds it
   - they lie far outside what was measured: a batch more than EXTRAPOLATE times the largest that ran waits until
@@ -16,6 +15,9 @@ this machine stops misleading the ranking after one run). Candidates are skipped
 
 A run is abandoned after 3 timed steps when it is slower than the best so far by more than `abandon`, or too slow
 to finish in the time left (RunConfig.max_step_s), so a bad candidate costs its setup and a few steps.
+
+The context objective grows the sequence instead of the batch: the longest length that trains wins (the faster at
+equal length), and a length that ran out of memory bounds the longer ones of the same levers.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ from tunebench.plan import Prediction
 from tunebench.record import ResultRecord
 from tunebench.tune.space import Space, batches, structures, with_batch, world_of
 
-OBJECTIVES = ("throughput", "cost", "memory")
+OBJECTIVES = ("throughput", "cost", "memory", "context")
 EXTRAPOLATE = 4  # a batch at most this many times the largest measured one is ranked by its prediction
 
 
 @dataclass(frozen=True)
 class Objective:
-    name: str  # throughput | cost | memory
+    name: str  # throughput | cost | memory | context (the longest sequence that trains at the batch size)
     price_per_gpu_hour: float | None = None  # cost: the offering's on-demand price
 
     def of(self, tokens_per_s: float | None, memory: float | None, world: int) -> float | None:
@@ -51,6 +53,8 @@ class Objective:
             return f"{value:,.0f} tokens/s"
         if self.name == "cost":
             return f"${-value:.3f} per 1M tokens"
+        if self.name == "context":
+            return f"{int(value):,} tokens of context"
         return f"{-value / 2**30:.2f} GiB peak per GPU"
 
 
@@ -81,6 +85,7 @@ class Tuner:
     trial_steps: int = 13  # steps a candidate runs (warmup and timed)
     candidates: list[Candidate] = field(default_factory=list)
     oom_at: dict[int, int] = field(default_factory=dict)  # structure -> smallest batch that ran out of memory
+    oom_seq: dict[str, int] = field(default_factory=dict)  # context: levers but the length -> shortest that OOMed
     history: list[Candidate] = field(default_factory=list)  # measured, in the order they ran
 
     def __post_init__(self) -> None:
@@ -100,7 +105,9 @@ class Tuner:
             self.history.append(c)
         c.record, c.seconds = rec, seconds
         self._cover_twin(cfg, rec)
-        if rec.status == "oom" and c.structure >= 0:
+        if rec.status == "oom" and self.objective.name == "context":
+            self.oom_seq[_shape(cfg)] = min(cfg.seq_len, self.oom_seq.get(_shape(cfg), cfg.seq_len))
+        elif rec.status == "oom" and c.structure >= 0:
             b = cfg.batch_size
             self.oom_at[c.structure] = min(b, self.oom_at.get(c.structure, b))
 
@@ -134,6 +141,8 @@ class Tuner:
         r = c.record
         if r is None or r.status != "ok":
             return None
+        if self.objective.name == "context":  # the longer context wins; at the same length, the faster run
+            return c.cfg.seq_len + min(r.metrics.tokens_per_s or 0.0, 1e8) / 1e9
         memory = r.metrics.peak_mem_allocated_bytes or r.metrics.peak_rss_bytes  # RSS on the CPU
         return self.objective.of(r.metrics.tokens_per_s, memory, c.world)
 
@@ -152,6 +161,8 @@ class Tuner:
         p = c.prediction
         if p is None:
             return None
+        if self.objective.name == "context":
+            return float(c.cfg.seq_len)
         return self.objective.of(p.tokens_per_s * self.ratio(), p.mem.peak_allocated, c.world)
 
     def _memory_offset(self, c: Candidate) -> float:
@@ -165,6 +176,8 @@ class Tuner:
 
     def fits(self, c: Candidate) -> bool:
         if c.structure in self.oom_at and c.cfg.batch_size >= self.oom_at[c.structure]:
+            return False
+        if c.cfg.seq_len >= self.oom_seq.get(_shape(c.cfg), c.cfg.seq_len + 1):
             return False
         if self.capacity is None or c.prediction is None:
             return True
@@ -187,9 +200,13 @@ class Tuner:
                   for m in self.measured if m.seconds and m.record.status == "ok" and m.record.metrics.tokens_per_s]
         return self.trial_steps * step + max(0.0, statistics.median(setups) if setups else 0.0)
 
+    def _size(self, cfg: RunConfig) -> int:
+        """What grows in this search: the sequence for the context objective, else the micro-batch."""
+        return cfg.seq_len if self.objective.name == "context" else cfg.batch_size
+
     def _far(self, c: Candidate) -> bool:
-        ran = [m.cfg.batch_size for m in self.measured if m.record.status == "ok"]
-        return bool(ran) and c.cfg.batch_size > EXTRAPOLATE * max(ran)
+        ran = [self._size(m.cfg) for m in self.measured if m.record.status == "ok"]
+        return bool(ran) and self._size(c.cfg) > EXTRAPOLATE * max(ran)
 
     def next(self, left_s: float | None = None) -> Candidate | None:
         """The candidate to run next; `left_s`: the seconds left in the budget (none is chosen that would not
@@ -209,7 +226,7 @@ class Tuner:
                 c.skipped = f"expected to take {expected:,.0f} s, {left_s:,.0f} s left"
                 continue
             if self._far(c):
-                c.skipped = f"a batch beyond {EXTRAPOLATE}x the largest that ran: after the batches between"
+                c.skipped = f"beyond {EXTRAPOLATE}x the largest that ran: after the sizes between"
                 continue
             v = self.predicted_value(c)
             if floor is not None and v is not None and _worse(v, floor, self.prune):
@@ -230,7 +247,7 @@ class Tuner:
         if left_s is not None:
             bounds.append((left_s / self.trial_steps, "too slow to finish in the time left"))
         best = self.best()
-        if best is not None and self.objective.name != "memory":
+        if best is not None and self.objective.name in ("throughput", "cost"):
             best_tps = best.record.metrics.tokens_per_s
             if self.objective.name == "cost":  # same $ per token: tokens/s in proportion to the GPUs paid for
                 best_tps *= c.world / best.world
@@ -240,6 +257,11 @@ class Tuner:
 
 def tokens_per_step(c: Candidate) -> int:
     return c.cfg.batch_size * c.cfg.seq_len * c.cfg.grad_accum * c.world
+
+
+def _shape(cfg: RunConfig) -> str:
+    """A candidate's levers but its sequence length (the context objective's OOM bound)."""
+    return key(cfg.model_copy(update={"seq_len": 1}))
 
 
 def _twin(cfg: RunConfig) -> str:
