@@ -147,7 +147,7 @@ def test_the_context_objective_grows_the_sequence_and_an_oom_bounds_its_levers()
 
 
 def test_a_context_tune_on_the_cpu_writes_the_longest_that_trained(tb, tmp_path):
-    code, stdout, err = _tune(tb, tmp_path / "t.db", tmp_path / "tune", "--objective", "context", "--max-runs", "3")
+    code, stdout, err = _tune(tb, tmp_path / "t.db", tmp_path / "tune", "--objective", "context", "--max-runs", "2")
     assert code == 0, err
     s = json.loads(stdout)
     lengths = [m["config"]["seq_len"] for m in s["measured"]]
