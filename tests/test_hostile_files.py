@@ -1,6 +1,7 @@
 """The files a user gives and the folders a job writes, hostile or careless: refused in one line naming the thing
 and the fix (exit 2), never an internal error, never a silent last-value-wins or a second job over the first."""
 
+import json
 import os
 import subprocess
 import sys
@@ -254,6 +255,13 @@ def test_model_weights_are_checked_before_they_are_trusted(tb, tmp_path):
     AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                                  num_hidden_layers=1, num_attention_heads=2,
                                                  num_key_value_heads=1)).save_pretrained(model)
+    config = json.loads((model / "config.json").read_text())
+    for key, value, said in (("hidden_size", -32, "config.json gives hidden_size = -32"),
+                             ("vocab_size", 128, "config.json says vocab_size 128, but the embeddings in "
+                                                 "model.safetensors have 64 rows")):  # edited by hand, or mixed up
+        (model / "config.json").write_text(json.dumps(config | {key: value}))
+        _one_line(*tb("run", "--model", str(model), "--device", "cpu", "--no-store")[::2], said)
+    (model / "config.json").write_text(json.dumps(config))
     weights = model / "model.safetensors"
     whole = weights.read_bytes()
     weights.write_bytes(whole[:5000])  # a copy cut short

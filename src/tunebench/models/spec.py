@@ -90,7 +90,39 @@ def resolve_model(name: str) -> ModelSpec:
     for file in weights:
         if (why := _damaged(file)) is not None:
             raise UserError(f"invalid model={name}: {file.name} is damaged ({why}); copy the model folder again")
-    return ModelSpec(str(path), shape, path, bool(weights), make_config=lambda: hf_config)
+    spec = ModelSpec(str(path), shape, path, bool(weights), make_config=lambda: hf_config)
+    if (why := _implausible(spec, weights)) is not None:
+        raise UserError(f"invalid model={name}: {why}")
+    return spec
+
+
+def _implausible(spec: ModelSpec, weights: list[Path]) -> str | None:
+    """A config.json no model can have (a size below one), or one its weights contradict (an embedding table of
+    another vocabulary): said before anything is built."""
+    for size in ("hidden_size", "num_layers", "num_heads", "vocab_size"):
+        v = getattr(spec, size)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            return f"config.json gives {size.replace('num_layers', 'num_hidden_layers')} = {v!r}: it must be a " \
+                   "whole number of at least 1"
+    for file in weights:
+        rows = _embedding_rows(file)
+        if rows is not None and spec.vocab_size is not None and rows != spec.vocab_size:
+            return (f"config.json says vocab_size {spec.vocab_size:,}, but the embeddings in {file.name} have "
+                    f"{rows:,} rows")
+    return None
+
+
+EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
+
+
+def _embedding_rows(file: Path) -> int | None:
+    """The rows of the input embedding table in one safetensors file (None where it holds none)."""
+    with open(file, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    for key, v in header.items():
+        if key.endswith(EMBEDDINGS) and isinstance(v, dict) and isinstance(v.get("shape"), list) and v["shape"]:
+            return int(v["shape"][0])
+    return None
 
 
 def _damaged(file: Path) -> str | None:
