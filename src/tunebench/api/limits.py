@@ -32,6 +32,9 @@ class Limit:
     note: str = ""
     tried: list[tuple[int | str, Prediction | None, str]] = field(default_factory=list)  # (size, plan, refused)
 
+    def planned(self, size: int | str | None) -> Prediction | None:
+        return next((p for s, p, _ in self.tried if s == size), None) if size is not None else None
+
 
 def _plan(cfg: RunConfig, gpu, world: int, hw) -> tuple[Prediction | None, str]:
     try:
@@ -72,17 +75,15 @@ def largest(cfg: RunConfig, what: str, gpu: str | None = None, world: int | None
     hw = measured_hw(store, target)
     n = world or default_world(cfg, detected)
     limit = Limit(what, None, None)
-    seen: dict[int | str, Prediction | None] = {}
 
     def fits(variant: RunConfig) -> bool:
         size = {"batch": variant.batch_size, "seq-len": variant.seq_len, "model-size": variant.model}[what]
         p, refused = _plan(variant, target, n, hw)
-        seen[size] = p
         limit.tried.append((size, p, refused))
         return p is not None and p.verdict == "fits"
 
     if what == "model-size":
-        return _largest_model(cfg, limit, fits, seen)
+        return _largest_model(cfg, limit, fits)
     if what == "batch":
         value, capped = _grow(lambda b: cfg.model_copy(update={"batch_size": b}), 1, MAX_BATCH, 1, fits)
         limit.at_least = capped
@@ -96,12 +97,12 @@ def largest(cfg: RunConfig, what: str, gpu: str | None = None, world: int | None
         if capped and positions:
             limit.note = f"the model's own limit ({positions:,} positions): memory would allow more"
     limit.value = value
-    limit.prediction = seen.get(value) if value is not None else None
+    limit.prediction = limit.planned(value)
     limit.tried.sort(key=lambda t: t[0])
     return limit
 
 
-def _largest_model(cfg: RunConfig, limit: Limit, fits, seen) -> Limit:
+def _largest_model(cfg: RunConfig, limit: Limit, fits) -> Limit:
     """Every preset of the configuration's method, largest first by parameters; the first that fits."""
     from tunebench.models.presets import PRESETS
     from tunebench.plan import workload
@@ -114,5 +115,5 @@ def _largest_model(cfg: RunConfig, limit: Limit, fits, seen) -> Limit:
             continue
     for _, name in sorted(sized, reverse=True):
         if fits(cfg.model_copy(update={"model": name})) and limit.value is None:
-            limit.value, limit.prediction = name, seen[name]
+            limit.value, limit.prediction = name, limit.planned(name)
     return limit

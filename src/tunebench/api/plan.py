@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,11 +49,16 @@ def target_gpu(name: str | None) -> tuple[Gpu, int]:
 
 
 def measured_hw(store: str | Path | None, gpu: Gpu) -> list[tuple[str, dict]]:
-    """(id, metrics) of the store's ok `hw` records for this kind of GPU, newest first."""
+    """(id, metrics) of the store's `hw` records for this kind of GPU, newest first."""
     if not store or not Path(store).exists():
         return []
     with Store(store, create=False) as s:
-        recs = [r for r in s.records(kind="hw") if gpus.match(r.environment.get("gpu", {}).get("name")) == gpu]
+        return hw_figures(s.records(kind="hw"), gpu)
+
+
+def hw_figures(records: Iterable[ResultRecord], gpu: Gpu) -> list[tuple[str, dict]]:
+    """(id, metrics) of the `hw` records among `records` for this kind of GPU, newest first."""
+    recs = [r for r in records if r.kind == "hw" and gpus.match(r.environment.get("gpu", {}).get("name")) == gpu]
     recs.sort(key=lambda r: r.created_at, reverse=True)
     return [(r.id[:12], r.metrics.model_dump()) for r in recs]
 

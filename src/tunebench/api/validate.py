@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunebench import gpus
-from tunebench.api.plan import run_config, what_ran
+from tunebench.api.plan import hw_figures, run_config, what_ran
 from tunebench.document import Table
 from tunebench.errors import UserError
 from tunebench.format import fmt, gib
@@ -154,12 +154,9 @@ def validate(source: str | Path) -> Validation:
     for r in _records(Path(source).expanduser(), skipped):
         unique.setdefault(r.id, r)  # a folder may hold a store and its export
     records = list(unique.values())
-    hw: dict[gpus.Gpu, list[tuple[str, dict]]] = {}
-    for r in sorted((r for r in records if r.kind == "hw" and r.status == "ok"), key=lambda r: r.created_at,
-                    reverse=True):  # newest first, as api.plan.measured_hw
-        gpu = gpus.match(r.environment.get("gpu", {}).get("name"))
-        if gpu is not None:
-            hw.setdefault(gpu, []).append((r.id[:12], r.metrics.model_dump()))
+    measured = [r for r in records if r.kind == "hw" and r.status == "ok"]
+    kinds = {g for r in measured if (g := gpus.match(r.environment.get("gpu", {}).get("name"))) is not None}
+    hw = {g: hw_figures(measured, g) for g in kinds}
     fitted = fitted_ids()
 
     def checked(measured: dict) -> list[Check]:

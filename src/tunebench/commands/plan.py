@@ -49,7 +49,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.max:
         return _largest(args, cfg, store)
     p = api.plan(cfg, args.gpu, None, store, evaluating)
-    whole = _job(train, p) if train is not None and args.data else None
+    whole = api.job(train, p) if train is not None and args.data else None
     if args.json:
         out = p.as_dict()
         if whole is not None:
@@ -73,11 +73,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 JOB_STATS = ("examples", "rows", "seq_len", "tokens", "trained_tokens", "truncated", "dropped")
 
-
-def _job(train: TrainConfig, p):
-    from tunebench.api.plan import job
-
-    return job(train, p)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -104,10 +99,6 @@ def _validate(args: argparse.Namespace) -> int:
     for table in api.tables(v):
         print_table(table, args.stdout)
     return 0
-
-
-def lim_gpu(p, args: argparse.Namespace) -> str:
-    return p.hw.gpu.name if p is not None else (args.gpu or "this machine's GPU")
 
 
 def _largest(args: argparse.Namespace, cfg: RunConfig, store) -> int:
@@ -137,7 +128,8 @@ def _largest(args: argparse.Namespace, cfg: RunConfig, store) -> int:
     label = config_label(cfg.model_dump())
     if lim.what == "model-size":  # every preset was planned: the configured model is not the question
         label = label.split(" ", 1)[1]
-    print(f"tunebench plan --max {lim.what}: {label} on {lim_gpu(p, args)}: {head}", file=args.stdout)
+    on = p.hw.gpu.name if p else args.gpu or "this machine's GPU"
+    print(f"tunebench plan --max {lim.what}: {label} on {on}: {head}", file=args.stdout)
     tab = Table([lim.what, "verdict", "needs", "tokens/s", "refused"], title="the sizes planned")
     for size, q, why in lim.tried:
         tab.add(f"{size:,}" if isinstance(size, int) else size, q.verdict if q else "-",
