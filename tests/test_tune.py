@@ -125,7 +125,7 @@ def test_a_baseline_with_compile_auto_is_not_run_again_as_what_it_resolved_to():
 
 
 def test_the_context_objective_grows_the_sequence_and_an_oom_bounds_its_levers():
-    """`--objective context`: the longest sequence that trains at the batch size. Lengths grow at most 4x past the
+    """`--goal context`: the longest sequence that trains at the batch size. Lengths grow at most 4x past the
     longest that ran; one that ran out of memory rules out the longer ones with the same levers, not the others."""
     lengths = tuple(1024 << k for k in range(8))  # 1k .. 128k
     space = Space(seq_lens=lengths, batches=(1,), compile=(False,), checkpointing=((False, 1), (True, 1)))
@@ -147,7 +147,7 @@ def test_the_context_objective_grows_the_sequence_and_an_oom_bounds_its_levers()
 
 
 def test_a_context_tune_on_the_cpu_writes_the_longest_that_trained(tb, tmp_path):
-    code, stdout, err = _tune(tb, tmp_path / "t.db", tmp_path / "tune", "--objective", "context", "--max-runs", "2")
+    code, stdout, err = _tune(tb, tmp_path / "t.db", tmp_path / "tune", "--goal", "context", "--max-runs", "2")
     assert code == 0, err
     s = json.loads(stdout)
     lengths = [m["config"]["seq_len"] for m in s["measured"]]
@@ -266,8 +266,8 @@ def test_tune_measures_stores_and_writes_the_best(tb, tmp_path):
     (("--max-runs", "0"), "invalid max_runs=0: the budget must allow at least one run"),
     (("--max-minutes", "0"), "invalid max_minutes=0: the budget must be a finite number of minutes above zero"),
     (("--max-minutes", "inf"), "invalid max_minutes=inf: the budget must be a finite number of minutes"),
-    (("--objective", "speed"), "invalid objective=speed: choose from throughput, cost, memory"),
-    (("--objective", "cost"), "objective cost needs a price per GPU-hour for this machine (no GPU)"),
+    (("--goal", "speed"), "invalid goal=speed: choose from throughput, cost, memory"),
+    (("--goal", "cost"), "goal cost needs a price per GPU-hour for this machine (no GPU)"),
     (("--fixed", "compile,colour"), "invalid fixed=colour: choose from strategy, checkpointing"),
     (("--resume", "tune-nothing"), "no tune with id 'tune-nothing'"),
 ])
@@ -285,5 +285,5 @@ def test_cost_objective_prices_the_gpu_from_the_sheet(tmp_path):
     sheet = tmp_path / "prices.yaml"
     sheet.write_text("offerings:\n  - {name: x, gpu: A100, on_demand: 1.5, spot: null, source: s, date: d}\n")
     assert objective_for("cost", gpu_named("A100-80GB"), str(sheet)).price_per_gpu_hour == 1.5
-    with pytest.raises(UserError, match="objective cost needs a price per GPU-hour for L4"):
+    with pytest.raises(UserError, match="goal cost needs a price per GPU-hour for L4"):
         objective_for("cost", gpu_named("L4"), str(sheet))

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from tunebench.config import RunConfig
 from tunebench.dist import DistContext
-from tunebench.engine.data import SyntheticTokens
+from tunebench.engine.data import SyntheticPairs, SyntheticTokens
 from tunebench.metrics.memory import release
 from tunebench.run_preflight import preflight
 from tunebench.runner import Outcome, build_trainable
@@ -127,7 +127,8 @@ def probe(pairs: dict[str, str], peak_live: bool = False) -> dict:
     out = Outcome()
     t = build_trainable(plan, out, ctx)
     dev = plan.device
-    data = SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, dev, cfg.seed)
+    data = SyntheticPairs(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, dev, cfg.seed) if cfg.preference else \
+        SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, dev, cfg.seed)
     ts = t.ts
     cuda = dev.type == "cuda"
     alloc = lambda: torch.cuda.memory_allocated(dev) if cuda else 0  # noqa: E731

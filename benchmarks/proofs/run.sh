@@ -76,6 +76,13 @@ distributed-4gpu)  # TinyGPT DDP and ZeRO-2 against the plain scripts, 1 -> NPRO
   done
   python3 benchmarks/probes/multinode_estimate.py
   ;;
+preference)  # DPO (LoRA, QLoRA) on Llama-3.1-8B against TRL's DPOTrainer, s1024, 4 pairs a step; ours as TRL is
+  # checkpointed (traced), with Hugging Face's checkpoint around the blocks, and with the kept inputs offloaded
+  for m in ${METHODS:-lora qlora}; do
+    python3 benchmarks/compare/dpo_vs_trl.py --method "$m" --ours "${OURS:-ckpt,ckpt/around,ckpt+off}" \
+      --root /tmp/dpo-bench --out "$OUT/dpo_vs_trl_$m.json" 2>&1 | tail -n 12
+  done
+  ;;
 families)  # each family's GPU paths against transformers', then LoRA and QLoRA against HF Trainer + PEFT
   CHECKS=${CHECKS-flex,packed,experts,softcap,compiled}
   [ "$CHECKS" = none ] || python3 benchmarks/compare/family_checks.py --checks "$CHECKS" \

@@ -8,8 +8,8 @@ returns; the record keeps what was chosen (metrics.precision, compile_scope, cud
                      block has enough work per micro-batch (below COMPILE_MIN_WORK the host's cost per compiled
                      call outweighs what it saves). Off on the CPU, where compiling outlasts a short run, and
                      under zero3, whose parameter fetches run inside every block (never measured compiled)
-  compile_scope      the whole model and its loss as one graph for full fine-tuning without checkpointing, float8 or
-                     offload under a strategy that can compile it whole (single, ddp); blocks otherwise: under
+  compile_scope      the whole model and its loss as one graph for SFT full fine-tuning without checkpointing, float8
+                     or offload under a strategy that can compile it whole (single, ddp); blocks otherwise: under
                      checkpointing one graph no longer holds memory to a block's input, a LoRA/QLoRA base's whole
                      graph keeps more memory than it saves time, float8 and offload were never measured so
   cuda_graphs        on where the whole model is one graph in one process (single) under the same rule as
@@ -51,7 +51,8 @@ def precision_for(device_type: str) -> str:
 
 def whole_model_by_default(cfg: RunConfig) -> bool:
     """compile_scope=auto (and cuda_graphs=auto) take the whole model as one graph for this workload."""
-    return cfg.method == "full" and not cfg.grad_ckpt and cfg.float8 == "off" and cfg.offload == "none"
+    return (cfg.method == "full" and not cfg.grad_ckpt and cfg.float8 == "off" and cfg.offload == "none"
+            and cfg.objective == "sft")  # a preference loss takes a count of tokens known from the data only
 
 
 def scope_if_compiled(cfg: RunConfig, strategy: Compiles) -> Scope:

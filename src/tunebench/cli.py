@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "runs decide; writes best.yaml (for run and train) and the Pareto front")
     tu.add_argument("config", nargs="?", help="YAML run config (the baseline); flags override its keys")
     add_config_flags(tu)
-    tu.add_argument("--objective", default="throughput", help="throughput (tokens/s), cost ($ per 1M tokens, from "
-                                                               "the price sheet), memory (peak per GPU) or context "
-                                                               "(the longest sequence that trains at the batch size)")
+    tu.add_argument("--goal", default="throughput", help="throughput (tokens/s), cost ($ per 1M tokens, from the "
+                                                          "price sheet), memory (peak per GPU) or context (the longest "
+                                                          "sequence that trains at the batch size)")
     tu.add_argument("--max-runs", type=int, help="at most this many runs, the baseline included (default 12; with "
                                                  "--resume: raises the stored budget)")
     tu.add_argument("--max-minutes", type=float, help="stop starting runs after this many minutes (default 60; with "

@@ -102,6 +102,7 @@ def _add_flag(p: Any, name: str, field: Any) -> None:
 
 
 DATA_FIELDS = ("data", "tokenizer", "data_format", "text_field", "prompt_field", "completion_field", "messages_field",
+               "chosen_field", "rejected_field",
                "train_on_prompt", "packing", "epochs", "max_steps", "eval_data", "eval_fraction", "max_bad_rows")
 
 

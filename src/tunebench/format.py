@@ -101,6 +101,8 @@ def config_label(c: dict[str, Any], kind: str = "train", world_size: int | None 
     extras = (" ckpt" + (f"/{every}" if every > 1 else "") + keep) * bool(c.get("grad_ckpt"))
     extras += " compile" * (c.get("compile") is True if compiled is None else bool(compiled))
     extras += " tf32" * bool(c.get("tf32"))
+    objective = c.get("objective", "sft")
+    extras += f" {objective}" * (objective != "sft") + " precomputed" * bool(c.get("precompute_reference"))
     return (f"{c['model']} {c['method']} {c.get('strategy', 'single')}{world} "
             f"b{c['batch_size']}x{c.get('grad_accum', 1)} s{c['seq_len']}{extras}")
 

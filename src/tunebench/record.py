@@ -111,6 +111,10 @@ class JobFigures(Figures):
     eval_curve: list[list[float]] = Field(default_factory=list)  # [step, eval loss]
     target_eval_loss: float | None = None
     time_to_target_s: float | None = None  # training seconds until eval loss first reached the target
+    # a preference objective's last evaluation: loss, rewards_chosen, rewards_rejected, reward_margin,
+    # reward_accuracy, pairs; and every evaluation's as [step, those figures]
+    preference: dict[str, float] | None = None
+    preference_curve: list[list[Any]] = Field(default_factory=list)
     train_s: float | None = None  # training seconds of the whole job (every resumed part included)
     predicted_s: float | None = None  # the planned steps' time, from the prediction
     predicted_tokens_per_s: float | None = None

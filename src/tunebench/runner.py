@@ -24,10 +24,11 @@ from tunebench.config import RunConfig
 from tunebench.console import say
 from tunebench.console.progress import ProgressFn
 from tunebench.dist import SINGLE, DistContext
-from tunebench.engine.data import SyntheticTokens
+from tunebench.engine.data import SyntheticPairs, SyntheticTokens
 from tunebench.engine.loop import LoopResult, LoopSpec, run_loop
 from tunebench.engine.loss import is_fusable
 from tunebench.engine.model import CausalLMWithLoss, count_params, transformer_blocks, unwrap
+from tunebench.engine.preference import FrozenReference, Preference, PreferenceLM
 from tunebench.engine.recompute import (
     checkpoint_every,
     checkpointed_whole,
@@ -98,8 +99,10 @@ class Trainable:
     ts: TrainStep
 
 
-def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: bool = False) -> Trainable:
-    """The benchmark's and the training job's one way to build what trains (figures noted in `out`)."""
+def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: bool = False,
+                    per_row: int = 1) -> Trainable:
+    """The benchmark's and the training job's one way to build what trains (figures noted in `out`). `per_row`:
+    preference pairs a packed row pair holds at most."""
     cfg, spec, device, strategy = plan.cfg, plan.spec, plan.device, plan.strategy
     n = counts(spec)
     big = device.type == "cpu" and n is not None and n.total >= BIG_ON_CPU
@@ -114,6 +117,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
         # DeepSpeed casts every parameter to its dtype: a 4-bit base packed into that dtype comes through intact
         model, out.weights = build_model(spec, cfg, device, progress=_build_progress(spec.name) if big else None,
                                          float_storage=strategy.deepspeed)
+    frozen = frozen_copy(model, meta) if needs_frozen_reference(cfg) else None  # before anything adapts the model
     scope = out.compile_scope = compile_scope(cfg, strategy)
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -143,12 +147,73 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     fused = strategy.fused_head and is_fusable(head)
     out.flops = flops_per_token(model, head, spec.num_layers, spec.num_heads, spec.head_dim, cfg.seq_len,
                                 recomputed_share(blocks), head_recompute=not fused)
-    module = CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
+    module = _with_loss(plan, model, out, ctx, masked_labels, per_row, frozen)
     if scope == "model":  # embeddings, blocks, final norm and the loss: one graph, fused across block edges
         out.cuda_graphs = cfg.cuda_graphs is True  # its passes replayed: one launch each, not one per kernel
         module.compile(**({"mode": "reduce-overhead"} if out.cuda_graphs else {}))
     materialize = functools.partial(meta.materialize, module, device, cfg.seed) if meta else None
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size, materialize))
+
+
+def _with_loss(plan: Plan, model: nn.Module, out: Outcome, ctx: DistContext, masked_labels: bool, per_row: int,
+               frozen) -> nn.Module:
+    """The model and its objective's loss as the one module the strategy wraps; DPO's frozen reference placed beside
+    it, and its forward counted in the FLOPs (the adapters disabled are a forward of the base as well)."""
+    cfg, spec, strategy = plan.cfg, plan.spec, plan.strategy
+    if not cfg.preference:
+        return CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
+    reference = None
+    if frozen is not None:
+        reference = reference_model(frozen, cfg, strategy, plan.device, ctx.world_size, spec.num_layers,
+                                    out.compile_scope)
+    if cfg.objective == "dpo" and not cfg.precompute_reference:
+        out.flops = out.flops.with_reference_forward()
+    return PreferenceLM(model, spec.vocab_size, Preference.of(cfg), strategy.fused_head, per_row, reference)
+
+
+def needs_frozen_reference(cfg: RunConfig) -> bool:
+    """DPO's reference as a frozen copy: full fine-tuning (no adapters to disable) without precomputed
+    log-probabilities."""
+    return cfg.objective == "dpo" and cfg.method == "full" and not cfg.precompute_reference
+
+
+def frozen_copy(model: nn.Module, meta) -> nn.Module | object:
+    """The model as built, copied before checkpointing, a method or a strategy touches it: the copy itself, or for a
+    model on meta a MetaBuild of the copy (its own slots, drawn as the policy's are: the same weights; its names are
+    the policy's, both models held as `model`)."""
+    import copy
+
+    from tunebench.models.build import MetaBuild
+    from tunebench.models.shards import base_slots
+
+    if meta is None:
+        return copy.deepcopy(model)
+    twin = copy.deepcopy(meta.model)
+    return MetaBuild(twin, meta.weights, base_slots(twin), meta.source)
+
+
+def reference_model(frozen, cfg: RunConfig, strategy: Strategy, device: torch.device, world_size: int,
+                    num_layers: int, scope: str | None) -> FrozenReference:
+    """DPO's frozen reference, placed as the policy is: whole on each process (single, ddp, zero2) or sharded per
+    block like the policy (fsdp: gathered block by block in its forward, freed after), its blocks compiled where the
+    policy's are."""
+    from tunebench.models.build import MetaBuild
+
+    model = frozen.model if isinstance(frozen, MetaBuild) else frozen
+    model.eval().requires_grad_(False)
+    blocks = transformer_blocks(model, num_layers)
+    holder = FrozenReference(model)
+    if strategy.shards == "everything":
+        from tunebench.strategies.fsdp import shard_frozen
+
+        shard_frozen(holder, blocks, cfg, device, world_size)
+        if isinstance(frozen, MetaBuild):
+            frozen.materialize(holder, device, cfg.seed)
+        model.requires_grad_(False)
+    if scope == "blocks":
+        for block in blocks:
+            block.compile()
+    return holder
 
 
 def _adapted_base(model: nn.Module, blocks: list[nn.Module], head: nn.Module, cfg: RunConfig, scope: str | None,
@@ -183,7 +248,9 @@ def _train(plan: Plan, out: Outcome, started: float, progress: ProgressFn | None
     # In its own frame so that the model and optimizer are freed as soon as it returns or raises.
     cfg, spec, device = plan.cfg, plan.spec, plan.device
     t = build_trainable(plan, out, ctx)
-    data = SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
+    data = SyntheticPairs(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size,
+                          reference=cfg.objective == "dpo" and cfg.precompute_reference) if cfg.preference else \
+        SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
     step = optimizer_step_fn(t.ts, data, cfg, device, ctx)
     out.setup_s = time.perf_counter() - started
     with kernel_settings(cfg, device):
@@ -220,8 +287,10 @@ def attempt(plan: Plan, work: Callable[[Outcome, float], None], started: float |
         if ctx.world_size > 1:
             raise  # let this rank die now: torchrun stops the others, the launcher records why
         rec.status, rec.error = failure(err)
+    # a sample is a pair under a preference objective: its two rows' tokens
     mine = rank_figures(ctx.rank, socket.gethostname(), out.loop.step_times, out.loop.wall_s,
-                        cfg.batch_size * cfg.grad_accum, cfg.seq_len, peak_memory(device, out.cuda_graphs),
+                        cfg.batch_size * cfg.grad_accum, cfg.seq_len * cfg.rows_per_micro // cfg.batch_size,
+                        peak_memory(device, out.cuda_graphs),
                         out.loop.telemetry)
     if on_rank_figures:
         on_rank_figures(mine)

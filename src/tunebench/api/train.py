@@ -51,8 +51,10 @@ def predict(ran: TrainConfig, gpu: str | None, world: int, store: str | Path | N
 
 
 def _announce(cfg: TrainConfig, total: int, world: int, pred: dict | None, gpu: str | None) -> None:
-    tokens = total * cfg.batch_size * cfg.grad_accum * cfg.seq_len * world
-    line = f"train: {total:,} steps x {cfg.batch_size * cfg.grad_accum * world} x {cfg.seq_len} = {tokens:,} tokens"
+    rows = cfg.rows_per_micro * cfg.grad_accum * world
+    tokens = total * rows * cfg.seq_len
+    shown = f"{rows // 2} pairs (2 x {rows // 2} rows)" if cfg.preference else f"{rows}"
+    line = f"train: {total:,} steps x {shown} x {cfg.seq_len} = {tokens:,} tokens"
     if pred:
         secs = tokens / pred["tokens_per_s"]
         line += f"; expected {duration(secs)} from {pred['source']} ({pred['tokens_per_s']:,.0f} tokens/s)"
@@ -77,7 +79,8 @@ def _prepare(cfg: TrainConfig, plan) -> tuple[JobInputs, Prepared]:
             if bad else ""
 
     st = train_rows.stats
-    say(f"data: {st['examples']:,} examples ({st['shape']}) -> {st['rows']:,} rows of {st['seq_len']} tokens, "
+    rows = f"{st['rows']:,} row pairs" if st["shape"] == "preference" else f"{st['rows']:,} rows"
+    say(f"data: {st['examples']:,} examples ({st['shape']}) -> {rows} of {st['seq_len']} tokens, "
         f"{st['tokens']:,} tokens ({st['trained_tokens']:,} trained); {st['truncated']} truncated, {st['split']} "
         f"split, {st['dropped']} dropped" + damaged(st) +
         (f"; validation {eval_rows.stats['rows']:,} rows{damaged(eval_rows.stats)}" if eval_rows else ""))
@@ -171,7 +174,10 @@ def _summary(rec: ResultRecord, wall: float) -> None:
         actual = job.tokens / m.tokens_per_s
         line += f"; training time {actual / 60:.1f} min against {job.predicted_s / 60:.1f} min predicted " \
                 f"({actual / job.predicted_s - 1:+.1%})"
-    if job.eval_loss is not None:
+    if job.preference:
+        line += f"; eval loss {job.eval_loss:.4f}, reward accuracy {job.preference['reward_accuracy']:.1%}, margin " \
+                f"{job.preference['reward_margin']:.4f}"
+    elif job.eval_loss is not None:
         line += f"; eval loss {job.eval_loss:.4f} (perplexity {job.eval_perplexity:.2f})"
     if job.outputs:
         line += "; " + ", ".join(f"{k} in {v}" for k, v in job.outputs.items())

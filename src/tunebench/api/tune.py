@@ -103,7 +103,7 @@ def objective_for(name: str, gpu: gpus.Gpu | None, prices: str | None) -> Object
     offers = [o for o in offerings_for(gpu.pattern if gpu else None, load_prices(prices)) if o.on_demand]
     if gpu is None or not offers:
         where = gpu.name if gpu else "this machine (no GPU)"
-        raise UserError(f"objective cost needs a price per GPU-hour for {where}: the price sheet has none "
+        raise UserError(f"goal cost needs a price per GPU-hour for {where}: the price sheet has none "
                         "(give one with --prices FILE, or tune for throughput or memory)")
     return Objective("cost", min(o.on_demand for o in offers))
 
@@ -186,7 +186,7 @@ def tune(settings: Settings | None, store: str | Path, out: str | Path, resume: 
         say(f"tune: no GPU here; candidates are ranked by the {PLAN_FOR_CPU} model, corrected by this machine's "
             "runs, and bounded by the time left" + (f"; not tried on a CPU: {', '.join(left_out)}" if left_out
                                                      else ""))
-    say(f"tune {tune_id}: {len(tuner.candidates)} candidates on {gpu_name}, objective {objective.name}, "
+    say(f"tune {tune_id}: {len(tuner.candidates)} candidates on {gpu_name}, goal {objective.name}, "
         f"budget {settings.max_runs} runs / {settings.max_minutes:g} min" + (f" ({len(done)} runs done)" if resume
                                                                           else ""))
     baseline = key(settings.base)

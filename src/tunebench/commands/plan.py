@@ -61,7 +61,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print_table(table, args.stdout)
     if whole is not None:
         st = whole.stats
-        print(f"the job: {st['examples']:,} examples -> {st['rows']:,} rows of {st['seq_len']:,} tokens "
+        rows = "row pairs" if st["shape"] == "preference" else "rows"  # a pair: its chosen and its rejected row
+        print(f"the job: {st['examples']:,} examples -> {st['rows']:,} {rows} of {st['seq_len']:,} tokens "
               f"({st['tokens']:,} tokens, {st['trained_tokens']:,} trained; {st['truncated']:,} truncated, "
               f"{st['dropped']:,} dropped"
               + (f", {whole.eval_rows:,} rows held out to evaluate" if whole.eval_rows else "") + f"); "

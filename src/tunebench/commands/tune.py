@@ -38,8 +38,8 @@ def settings_from(args: argparse.Namespace):
     from tunebench.tune.space import CHECKPOINTING, LEVERS
 
     base = config_from(args)
-    if args.objective not in OBJECTIVES:
-        raise UserError(f"invalid objective={args.objective}: choose from {', '.join(OBJECTIVES)}")
+    if args.goal not in OBJECTIVES:
+        raise UserError(f"invalid goal={args.goal}: choose from {', '.join(OBJECTIVES)}")
     worlds = _ints(args.gpus, "gpus") or ((base.nproc_per_node or 1) * base.nnodes,)
     fixed = _names(args.fixed, LEVERS, "fixed")
     space = Space(worlds=worlds,
@@ -55,7 +55,7 @@ def settings_from(args: argparse.Namespace):
                   float8=(base.float8,) if "float8" in fixed else (),
                   batches=(base.batch_size,) if "batch" in fixed else (),
                   global_batch=_ints(str(args.global_batch), "global_batch")[0] if args.global_batch else None)
-    return Settings(base, args.objective, 12 if args.max_runs is None else args.max_runs,
+    return Settings(base, args.goal, 12 if args.max_runs is None else args.max_runs,
                     60.0 if args.max_minutes is None else args.max_minutes, space, args.trial_warmup,
                     args.trial_steps, base.run_timeout or 900.0, args.prices)
 

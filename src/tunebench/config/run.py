@@ -12,6 +12,9 @@ Method = Literal["full", "lora", "qlora"]
 Precision = Literal["auto", "bf16", "bf16-pure", "fp16", "fp32"]
 Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit"]
 Strategy = Literal["single", "ddp", "fsdp", "zero2", "zero3"]  # tunebench.strategies registers each
+Objective = Literal["sft", "dpo", "simpo", "orpo"]  # tunebench.engine.preference computes each but sft
+PREFERENCE_KEYS = {"beta": ("dpo", "simpo", "orpo"), "label_smoothing": ("dpo", "simpo"), "dpo_loss": ("dpo",),
+                   "simpo_gamma": ("simpo",), "precompute_reference": ("dpo",)}  # the objectives each key is for
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 # Far beyond any real run, and small enough that nothing downstream overflows or preallocates absurdly.
 MAX_BATCH, MAX_SEQ, MAX_STEPS, MAX_TOKENS_PER_STEP = 2**16, 2**21, 10**9, 2**31
@@ -53,8 +56,8 @@ class RunConfig(BaseModel):
     optimizer: Optimizer = Field("adamw_fused", description="adamw_fused: torch's AdamW in one kernel; adamw: its "
                                                             "foreach form; adamw_8bit, paged_adamw_8bit: bitsandbytes'")
     lr: float = Field(2e-4, gt=0, description="learning rate")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay (not on biases, norms, "
-                                                       "embeddings)")
+    weight_decay: float = Field(0.0, ge=0,
+                                description="AdamW's decoupled weight decay (not on biases, norms, embeddings)")
     grad_clip: float = Field(1.0, ge=0, description="max gradient norm; 0 disables clipping")
     grad_ckpt: bool = Field(False, description="activation checkpointing: blocks keep only their input and run "
                                                "their forward again in backward")
@@ -97,6 +100,17 @@ class RunConfig(BaseModel):
     shard_size: int | None = Field(
         None, gt=0, le=1 << 20, description="fsdp: processes sharing one copy of the model states (unset: all); "
                                             "smaller groups replicate each other (HSDP)", json_schema_extra=LATER)
+    objective: Objective = Field("sft", description="sft (next-token loss), or on preference pairs: dpo, simpo, orpo",
+                                 json_schema_extra=LATER)
+    beta: float = Field(0.1, gt=0, description="dpo, simpo, orpo: the preference term's strength",
+                        json_schema_extra=LATER)
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="dpo, simpo: the share of pairs taken as mislabelled",
+                                   json_schema_extra=LATER)
+    dpo_loss: Literal["sigmoid", "ipo"] = Field("sigmoid", description="dpo: sigmoid, or IPO's squared loss",
+                                                json_schema_extra=LATER)
+    simpo_gamma: float = Field(0.5, ge=0, description="simpo: the target reward margin", json_schema_extra=LATER)
+    precompute_reference: bool = Field(False, description="dpo: the reference's log-probabilities computed before "
+                                                          "training", json_schema_extra=LATER)
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the weights, the adapters and the data",
                       json_schema_extra=MEASUREMENT)
     device: Literal["auto", "cuda", "cpu"] = Field("auto", description="auto: a GPU where there is one",
@@ -120,7 +134,7 @@ class RunConfig(BaseModel):
     telemetry: bool = Field(True, description="sample NVML (utilization, power, energy, clocks) over the timed "
                                               "steps on GPUs", json_schema_extra=LAUNCH)
     max_step_s: float | None = Field(None, gt=0, description="end the timed region after 3 steps slower than this "
-                                                             "on average (tune's early stop)",
+                                                             "on average (tune's cut)",
                                      json_schema_extra=MEASUREMENT | LATER)
     fault: str | None = Field(None, pattern=r"^(abort|hang|raise)@\d+$",
                               description="testing the harness only: abort@STEP, hang@STEP or raise@STEP")
@@ -152,7 +166,20 @@ class RunConfig(BaseModel):
         if self.tf32 and self.precision != "fp32":  # auto too: it computes in bf16 on GPUs
             raise ValueError(f"tf32 chooses how fp32 matmuls run: it needs precision=fp32 (precision={self.precision} "
                              "computes in 16 bits on GPUs)")
+        self._check_objective()
         return self._check_shape_and_nodes()
+
+    def _check_objective(self) -> None:
+        """An objective's own key set for another objective is a mistake, not a no-op (beta under sft)."""
+        for key, objectives in PREFERENCE_KEYS.items():
+            if self.objective not in objectives and getattr(self, key) != type(self).model_fields[key].default:
+                raise ValueError(f"{key}={getattr(self, key)} is for objective {' or '.join(objectives)}; this is "
+                                 f"objective={self.objective}")
+        if self.label_smoothing and self.dpo_loss == "ipo":
+            raise ValueError("label_smoothing is for dpo_loss=sigmoid: IPO's squared loss has no smoothing")
+        if self.objective != "sft" and self.compile_scope == "model":
+            raise ValueError(f"compile_scope=model with objective={self.objective}: the preference loss takes the "
+                             "answers' tokens, a count known from the data only; use compile_scope=blocks")
 
     def _check_shape_and_nodes(self) -> RunConfig:
         if self.batch_size * self.seq_len * self.grad_accum > MAX_TOKENS_PER_STEP:
@@ -170,6 +197,16 @@ class RunConfig(BaseModel):
     def distributed(self) -> bool:
         """Runs under torchrun: any strategy but single, or more than one process."""
         return self.strategy != "single" or (self.nproc_per_node or 1) > 1 or self.nnodes > 1
+
+    @property
+    def preference(self) -> bool:
+        """A preference objective: pairs of answers, each micro-batch both answers' rows (engine.preference)."""
+        return self.objective != "sft"
+
+    @property
+    def rows_per_micro(self) -> int:
+        """Rows a micro-batch runs: batch_size, or both answers' rows of batch_size pairs (tokens/s counts all)."""
+        return self.batch_size * (2 if self.preference else 1)
 
     @property
     def frozen_float8(self) -> bool:

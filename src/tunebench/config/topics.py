@@ -6,7 +6,8 @@ from pydantic import BaseModel
 
 TOPICS: dict[str, tuple[str, ...]] = {
     "model and method": ("model", "method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_fused",
-                         "quant", "double_quant", "quant_compute_dtype", "dropout"),
+                         "quant", "double_quant", "quant_compute_dtype", "dropout", "objective", "beta",
+                         "label_smoothing", "dpo_loss", "simpo_gamma", "precompute_reference"),
     "batch, steps and optimizer": ("batch_size", "grad_accum", "seq_len", "steps", "warmup", "optimizer", "lr",
                                    "weight_decay", "grad_clip", "seed"),
     "precision and kernels": ("precision", "tf32", "float8", "attn", "attn_kernel"),
@@ -16,8 +17,9 @@ TOPICS: dict[str, tuple[str, ...]] = {
                                "shard_size", "timeout"),
     "the run": ("device", "run_timeout", "tag", "telemetry", "max_step_s", "fault"),
     # tunebench train
-    "data": ("data", "data_format", "text_field", "prompt_field", "completion_field", "messages_field",
-             "train_on_prompt", "strict_data", "max_bad_rows", "packing", "eval_data", "eval_fraction", "tokenizer"),
+    "data": ("data", "data_format", "text_field", "prompt_field", "completion_field", "messages_field", "chosen_field",
+             "rejected_field", "train_on_prompt", "strict_data", "max_bad_rows", "packing", "eval_data",
+             "eval_fraction", "tokenizer"),
     "schedule and evaluation": ("epochs", "max_steps", "schedule", "warmup_steps", "eval_every", "eval_batches",
                                 "target_eval_loss", "eval_tasks", "eval_limit"),
     "outputs": ("output_dir", "log_every", "save_every", "keep_checkpoints", "resume", "overwrite", "merge",

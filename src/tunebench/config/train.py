@@ -15,7 +15,7 @@ from tunebench.config.base import LAUNCH, listify
 from tunebench.config.run import MAX_STEPS, RunConfig
 from tunebench.errors import UserError
 
-DataFormat = Literal["auto", "text", "pairs", "chat"]
+DataFormat = Literal["auto", "text", "pairs", "chat", "preference"]
 Schedule = Literal["cosine", "linear", "constant"]
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 
@@ -27,14 +27,16 @@ class TrainConfig(RunConfig):
     warmup: int = Field(5, ge=0, description="first steps left out of tokens/s and MFU (compilation, allocator)")
     data: str = Field(..., min_length=1, description="training data: a JSONL/JSON, CSV, Parquet or text file, a "
                                                      "folder of them, or a folder written by datasets' save_to_disk")
-    data_format: DataFormat = Field("auto", description="text, pairs (prompt/completion) or chat (messages); auto "
-                                                        "looks at the fields")
+    data_format: DataFormat = Field("auto", description="text, pairs (prompt/completion), chat (messages) or "
+                                                        "preference (prompt/chosen/rejected); auto: by the fields")
     text_field: str = Field("text", min_length=1, description="the field holding plain text")
     prompt_field: str = Field("prompt", min_length=1, description="the field holding a pair's prompt")
     completion_field: str = Field("completion", min_length=1, description="the field holding a pair's "
                                                                                  "completion")
     messages_field: str = Field("messages", min_length=1, description="the field holding a chat's messages "
                                                                              "(role and content)")
+    chosen_field: str = Field("chosen", min_length=1, description="preference data: the preferred answer's field")
+    rejected_field: str = Field("rejected", min_length=1, description="preference data: the other answer's field")
     train_on_prompt: bool = Field(False, description="pairs and chat: also train on the prompt / non-assistant tokens")
     strict_data: bool = Field(False, description="refuse the data at its first damaged row (a field missing, null or "
                                                  "not a string) instead of dropping and counting it")
@@ -65,7 +67,7 @@ class TrainConfig(RunConfig):
                                json_schema_extra=LAUNCH)
     overwrite: bool = Field(False, description="start anew in an output_dir that holds another run",
                             json_schema_extra=LAUNCH)
-    merge: bool = Field(False, description="LoRA/QLoRA: also write the base with the adapter merged in (merged/)")
+    merge: bool = Field(False, description="LoRA/QLoRA: also write the base with the adapter merged in")
     merge_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="the merged model's dtype (the merge "
                                                                                "is computed in fp32, then cast)")
     track: list[str] = Field(default_factory=list, description="tensorboard, mlflow and/or wandb (local files in "
@@ -107,6 +109,16 @@ class TrainConfig(RunConfig):
         if self.max_steps is not None and self.max_steps <= self.warmup:
             raise ValueError(f"max_steps={self.max_steps} must be greater than warmup={self.warmup} (the first "
                              "warmup steps are left out of tokens/s)")
+        self._check_objective()
+        if self.objective != "sft" and self.data_format not in ("auto", "preference"):
+            raise ValueError(f"objective={self.objective} trains on preference pairs (prompt, chosen, rejected): "
+                             f"data_format={self.data_format} has none")
+        if self.objective == "sft" and self.data_format == "preference":
+            raise ValueError("data_format=preference holds pairs of answers: train them with objective dpo, simpo or "
+                             "orpo")
+        if self.objective != "sft" and self.train_on_prompt:
+            raise ValueError(f"train_on_prompt with objective={self.objective}: a preference objective compares the "
+                             "answers alone")
         if self.eval_data and self.eval_fraction:
             raise ValueError("give eval_data or eval_fraction, not both")
         if self.resume not in (None, "latest", "auto") and not self.resume.strip():

@@ -30,27 +30,44 @@ def _to(device: torch.device, a: np.ndarray | torch.Tensor) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
+def _rows(a: np.ndarray) -> np.ndarray:
+    """Preference pairs' (B, 2, S) rows as the (2B, S) batch a step takes: the chosen answers' rows, then the
+    rejected answers' (engine.preference); (B, S) rows as they are."""
+    return a.transpose(1, 0, 2).reshape(-1, a.shape[-1]) if a.ndim == 3 else a
+
+
 def _batch(device: torch.device, ids: np.ndarray, labels: np.ndarray, positions: np.ndarray | None,
-           examples: int) -> Batch:
+           examples: int, reference: np.ndarray | None = None) -> Batch:
     """Rows onto the device; packed rows with their position ids and their examples' bounds (padded to
-    `examples`, the job's capacity, so every batch has one shape)."""
+    `examples`, the job's capacity, so every batch has one shape); pairs with their reference log-probabilities
+    where they were precomputed."""
+    ref = None if reference is None else _to(device, torch.from_numpy(_rows(np.asarray(reference))).float())
+    ids, labels = _rows(ids), _rows(labels)
     if positions is None:
-        return Batch(_to(device, ids), _to(device, labels))
-    pos = torch.from_numpy(np.ascontiguousarray(positions)).long()
-    return Batch(_to(device, ids), _to(device, labels), _to(device, pos), _to(device, documents_of(pos, examples)))
+        return Batch(_to(device, ids), _to(device, labels), reference=ref)
+    pos = torch.from_numpy(np.ascontiguousarray(_rows(positions))).long()
+    return Batch(_to(device, ids), _to(device, labels), _to(device, pos), _to(device, documents_of(pos, examples)),
+                 ref)
+
+
+def capacity(prepared: Prepared, batch_size: int) -> int:
+    """Examples a packed micro-batch holds at most (its examples' bounds are padded to this): both answers' rows of
+    every pair."""
+    return fullest_row_of(prepared) * batch_size * (2 if prepared.stats.get("shape") == "preference" else 1)
 
 
 class DatasetBatches:
     def __init__(self, prepared: Prepared, batch_size: int, device: torch.device, seed: int, rank: int = 0,
-                 world_size: int = 1, start: Position | None = None):
+                 world_size: int = 1, start: Position | None = None, reference: np.ndarray | None = None):
         self.ids, self.labels, self.positions = prepared.arrays()
+        self.reference = reference  # (pairs, 2, per row): the reference's precomputed log-probabilities
         self.batch, self.rank, self.global_batch = batch_size, rank, batch_size * world_size
         self.per_epoch = len(self.ids) // self.global_batch  # micro-batches per epoch (a partial one is dropped)
         if self.per_epoch == 0:
             raise UserError(f"invalid batch_size={batch_size}: the data has {len(self.ids)} rows of seq_len "
                             f"{prepared.stats['seq_len']}, fewer than one global batch of {self.global_batch}")
         self.device, self.seed = device, seed
-        self.examples = 0 if self.positions is None else fullest_row_of(prepared) * batch_size
+        self.examples = 0 if self.positions is None else capacity(prepared, batch_size)
         self.pos = start or Position()
         self._order = self._permutation(self.pos.epoch)
 
@@ -65,17 +82,19 @@ class DatasetBatches:
         rows = np.sort(self._order[first:first + self.batch])  # sorted: memory-mapped reads go forward
         self.pos = Position(self.pos.epoch, self.pos.micro + 1)
         return _batch(self.device, self.ids[rows], self.labels[rows],
-                      None if self.positions is None else self.positions[rows], self.examples)
+                      None if self.positions is None else self.positions[rows], self.examples,
+                      None if self.reference is None else self.reference[rows])
 
 
 def eval_batches(prepared: Prepared, batch_size: int, device: torch.device, rank: int = 0, world_size: int = 1,
-                 limit: int | None = None) -> Iterator[Batch]:
+                 limit: int | None = None, reference: np.ndarray | None = None) -> Iterator[Batch]:
     """This rank's share of the validation rows, in order (at most `limit` batches per rank)."""
     ids, labels, positions = prepared.arrays()
-    examples = 0 if positions is None else fullest_row_of(prepared) * batch_size
+    examples = 0 if positions is None else capacity(prepared, batch_size)
     share = range(rank, len(ids), world_size)
     for n, i in enumerate(range(0, len(share), batch_size)):
         if limit is not None and n >= limit:
             return
         rows = np.asarray(share[i:i + batch_size])
-        yield _batch(device, ids[rows], labels[rows], None if positions is None else positions[rows], examples)
+        yield _batch(device, ids[rows], labels[rows], None if positions is None else positions[rows], examples,
+                     None if reference is None else reference[rows])

@@ -21,7 +21,8 @@ from tunebench.data import examples, files
 from tunebench.data.validate import SHAPES, VERSION, Fields, Tally, enforce, kept, problem
 from tunebench.errors import UserError
 
-COLUMNS = {"text": ["text"], "pairs": ["prompt", "completion"], "chat": ["messages", "tools"]}
+COLUMNS = {"text": ["text"], "pairs": ["prompt", "completion"], "chat": ["messages", "tools"],
+           "preference": ["prompt", "chosen", "rejected", "tools"]}
 
 
 @dataclass

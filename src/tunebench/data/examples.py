@@ -20,13 +20,21 @@ Encoded = tuple[list[int], list[bool]]
 
 
 def detect(columns: list[str], cfg) -> str:
-    """The data's shape: the configured one, or the first whose fields the data has (chat, pairs, text)."""
+    """The data's shape: the configured one, or the first whose fields the data has (chat, pairs, text); preference
+    pairs for a preference objective."""
     fields = Fields.of(cfg)
-    order = [cfg.data_format] if cfg.data_format != "auto" else ["chat", "pairs", "text"]
+    preference = getattr(cfg, "objective", "sft") != "sft"
+    order = ["preference"] if preference else [cfg.data_format] if cfg.data_format != "auto" else ["chat", "pairs",
+                                                                                                    "text"]
     for shape in order:
         if all(f in columns for f in fields.needed(shape)):
             return shape
+    if not preference and all(f in columns for f in fields.needed("preference")):
+        raise UserError(f"invalid data: its rows are preference pairs ({fields.chosen}, {fields.rejected}): train "
+                        "them with objective dpo, simpo or orpo")
     want = " or ".join("+".join(fields.needed(s)) for s in order)
+    if preference:
+        want = f"{fields.prompt}+{want}"
     raise UserError(f"invalid data: no field {want} (the data has: {', '.join(columns)}); set "
                     f"{'text_field' if order == ['text'] else 'the *_field keys'} to the field names it uses")
 
@@ -73,4 +81,31 @@ def encode_chat(tok, row: dict[str, str], train_on_prompt: bool) -> Encoded:
     return chat.encode(tok, msgs, tools, train_on_prompt)
 
 
-ENCODERS = {"text": encode_text, "pairs": encode_pair, "chat": encode_chat}
+def _answer_only(tok, prompt: list[dict], answer: list[dict], tools: list | None) -> Encoded:
+    """The conversation `prompt + answer` through the chat template, training on the answer's assistant messages
+    alone (the prompt's own assistant turns are context): the mask's last runs, one per assistant message."""
+    msgs = prompt + answer
+    if not getattr(tok, "chat_template", None):
+        ids, mask = _simple(tok, msgs, False)
+    else:
+        ids, mask = chat.encode(tok, msgs, tools, False)
+    runs = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]  # where each trained run starts
+    earlier = sum(m["role"] == "assistant" for m in prompt)
+    if len(runs) != earlier + sum(m["role"] == "assistant" for m in answer):
+        raise BadRow("an assistant message is not where the chat template writes it")
+    start = runs[earlier] if earlier < len(runs) else len(mask)
+    return ids, [m and i >= start for i, m in enumerate(mask)]
+
+
+def encode_preference(tok, row: dict[str, str], train_on_prompt: bool) -> tuple[Encoded, Encoded]:
+    """A pair of answers to one prompt: (chosen, rejected), each the prompt then the answer, trained on the answer's
+    tokens. Text is tokenized as pairs are (the prompt with special tokens, the answer and end-of-sequence after
+    it); conversations through the chat template."""
+    prompt, chosen, rejected = (json.loads(row[k]) for k in ("prompt", "chosen", "rejected"))
+    if isinstance(prompt, str):
+        return tuple(encode_pair(tok, {"prompt": prompt, "completion": a}, False) for a in (chosen, rejected))
+    tools = json.loads(row["tools"]) if row.get("tools") else None
+    return _answer_only(tok, prompt, chosen, tools), _answer_only(tok, prompt, rejected, tools)
+
+
+ENCODERS = {"text": encode_text, "pairs": encode_pair, "chat": encode_chat, "preference": encode_preference}

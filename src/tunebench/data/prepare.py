@@ -24,12 +24,13 @@ import numpy as np
 from tunebench.console import say
 from tunebench.data import examples
 from tunebench.data.dataset import Checked, read
-from tunebench.data.rows import Rows, lay_out, pieces
+from tunebench.data.rows import Rows, lay_out, lay_out_pairs, pair_pieces, pieces
 from tunebench.data.tokenizer import fingerprint, pad_id
-from tunebench.data.validate import BadRow, Tally, enforce
+from tunebench.data.validate import BadRow, Fields, Tally, enforce
 from tunebench.errors import UserError
 
-VERSION = 2  # of the cached layout: bump when rows are built differently (2: rows checked, chat masked by characters)
+VERSION = 3  # of the cached layout: bump when rows are built differently (2: rows checked, chat masked by characters;
+# 3: preference pairs, (pairs, 2, seq_len) arrays)
 
 
 def cache_root() -> Path:
@@ -72,15 +73,16 @@ def _encode_batch(tok, cfg, shape: str, what: str, data: str):
         ids, masks, bad = [], [], []
         for i, where in enumerate(batch["_row"]):
             try:
-                a, b = encode(tok, {k: batch[k][i] for k in batch}, cfg.train_on_prompt)
+                parts = encode(tok, {k: batch[k][i] for k in batch}, cfg.train_on_prompt)
+                parts = parts if shape == "preference" else [parts]  # a pair's two answers, or one example
                 reason = ""
             except BadRow as err:
                 if cfg.strict_data:
                     raise UserError(f"invalid {what}={data}: {where}: {err.reason} (strict_data refuses damaged "
                                     "rows)") from None
-                a, b, reason = [], [], err.reason
-            ids.append(a)
-            masks.append(b)
+                parts, reason = [], err.reason
+            ids.append([a for a, _ in parts])
+            masks.append([b for _, b in parts])
             bad.append(reason)
         return {"_ids": ids, "_mask": masks, "_bad": bad, "_row": batch["_row"]}
 
@@ -108,9 +110,11 @@ def _rows(ds, tok, cfg, shape: str, pack: bool, what: str, data: str, tally: Tal
     for ids, mask, bad, where in zip(encoded["_ids"], encoded["_mask"], encoded["_bad"], encoded["_row"]):
         if bad:
             tally.add(bad, where)
+        elif shape == "preference":
+            items += pair_pieces((ids[0], mask[0]), (ids[1], mask[1]), cfg.seq_len, out)
         else:
-            items += pieces(ids, mask, cfg.seq_len, shape == "text", out)
-    return lay_out(items, cfg.seq_len, pad_id(tok), pack, out)
+            items += pieces(ids[0], mask[0], cfg.seq_len, shape == "text", out)
+    return (lay_out_pairs if shape == "preference" else lay_out)(items, cfg.seq_len, pad_id(tok), pack, out)
 
 
 def _check_tokenizer(tok, cfg, shape: str) -> None:
@@ -136,7 +140,7 @@ def _check_tokenizer(tok, cfg, shape: str) -> None:
 
 def _key(ds, tok, cfg, shape: str, pack: bool) -> str:
     parts = [VERSION, ds._fingerprint, fingerprint(tok), shape, cfg.seq_len, pack, cfg.train_on_prompt,
-             cfg.text_field, cfg.prompt_field, cfg.completion_field, cfg.messages_field]
+             *Fields.of(cfg)]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 
@@ -154,7 +158,8 @@ def fullest_row_of(prepared: Prepared) -> int:
     """The prepared rows' fullest_row, from their stats; a cache written before the stats kept it is read once
     (then kept in these stats, in memory: every evaluation asks again)."""
     if "fullest_row" not in prepared.stats:
-        prepared.stats["fullest_row"] = fullest_row(np.load(prepared.path / "positions.npy", mmap_mode="r"))
+        positions = np.load(prepared.path / "positions.npy", mmap_mode="r")
+        prepared.stats["fullest_row"] = fullest_row(positions.reshape(-1, positions.shape[-1]))
     return int(prepared.stats["fullest_row"])
 
 
@@ -189,12 +194,13 @@ def _write(out: Rows, path: Path, stats: dict, pack: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
-        np.save(tmp / "ids.npy", np.asarray(out.ids, dtype=np.int32).reshape(len(out.ids), -1))
-        np.save(tmp / "labels.npy", np.asarray(out.labels, dtype=np.int32).reshape(len(out.labels), -1))
+        shape = (len(out.ids), *np.shape(out.ids[0])) if out.ids else (0,)  # (rows, seq_len) or (pairs, 2, seq_len)
+        np.save(tmp / "ids.npy", np.asarray(out.ids, dtype=np.int32).reshape(shape))
+        np.save(tmp / "labels.npy", np.asarray(out.labels, dtype=np.int32).reshape(shape))
         if pack:  # the fullest row sizes every batch's examples' bounds (data.batches): counted once, here
-            positions = np.asarray(out.positions, dtype=np.int32).reshape(len(out.ids), -1)
+            positions = np.asarray(out.positions, dtype=np.int32).reshape(shape)
             np.save(tmp / "positions.npy", positions)
-            stats["fullest_row"] = fullest_row(positions)
+            stats["fullest_row"] = fullest_row(positions.reshape(-1, shape[-1]))
         stats["files"] = {f.name: _digest(f) for f in sorted(tmp.glob("*.npy"))}  # verified before each use
         (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
         os.replace(tmp, path)

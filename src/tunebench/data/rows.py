@@ -73,3 +73,49 @@ def lay_out(items: list[tuple[list, list]], seq_len: int, pad: int, pack: bool, 
         out.trained_tokens += sum(x != IGNORE for x in labels)
     close()
     return out
+
+
+Piece = tuple[list[int], list[int]]
+
+
+def pair_pieces(chosen: tuple[list, list], rejected: tuple[list, list], seq_len: int, out: Rows) -> list[tuple]:
+    """A preference pair as [(chosen piece, rejected piece)]: each truncated to seq_len; none when either answer has
+    nothing trainable left."""
+    out.examples += 1
+    sides = []
+    cut = False
+    for ids, mask in (chosen, rejected):
+        cut = cut or len(ids) > seq_len
+        ids, mask = ids[:seq_len], mask[:seq_len]
+        sides.append((ids, _labels(ids, mask)))
+    out.truncated += cut
+    if any(all(x == IGNORE for x in labels) for _, labels in sides):
+        out.dropped += 1
+        return []
+    return [tuple(sides)]
+
+
+def lay_out_pairs(items: list[tuple[Piece, Piece]], seq_len: int, pad: int, pack: bool, out: Rows) -> Rows:
+    """Pairs into row pairs [chosen row, rejected row]: when packing, the next pair joins the current row pair while
+    both of its answers fit (the k-th example of either row is the same pair's), else one pair per row pair."""
+    rows: list[list[list[int]]] = [[[], [], []], [[], [], []]]  # per side: ids, labels, positions
+
+    def close() -> None:
+        if rows[0][0]:
+            out.ids.append([]), out.labels.append([]), out.positions.append([])
+            for ids, labels, pos in rows:
+                n = seq_len - len(ids)
+                out.ids[-1].append(ids + [pad] * n)
+                out.labels[-1].append(labels + [IGNORE] * n)
+                out.positions[-1].append(pos + list(range(n)))
+
+    for pair in items:
+        if not pack or any(len(side[0]) + len(piece[0]) > seq_len for side, piece in zip(rows, pair)):
+            close()
+            rows = [[[], [], []], [[], [], []]]
+        for side, (ids, labels) in zip(rows, pair):
+            side[0], side[1], side[2] = side[0] + ids, side[1] + labels, side[2] + list(range(len(ids)))
+            out.tokens += len(ids)
+            out.trained_tokens += sum(x != IGNORE for x in labels)
+    close()
+    return out

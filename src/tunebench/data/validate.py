@@ -18,7 +18,7 @@ from tunebench.errors import UserError
 
 VERSION = 1  # of the checks and of the rows they keep: a change here changes which rows train
 ROLES = ("system", "user", "assistant", "tool")
-SHAPES = ("chat", "pairs", "text")
+SHAPES = ("chat", "pairs", "text", "preference")
 
 
 class BadRow(Exception):
@@ -37,13 +37,18 @@ class Fields(NamedTuple):
     prompt: str = "prompt"
     completion: str = "completion"
     messages: str = "messages"
+    chosen: str = "chosen"
+    rejected: str = "rejected"
 
     @classmethod
     def of(cls, cfg) -> Fields:
-        return cls(cfg.text_field, cfg.prompt_field, cfg.completion_field, cfg.messages_field)
+        return cls(cfg.text_field, cfg.prompt_field, cfg.completion_field, cfg.messages_field,
+                   getattr(cfg, "chosen_field", "chosen"), getattr(cfg, "rejected_field", "rejected"))
 
     def needed(self, shape: str) -> list[str]:
-        return {"chat": [self.messages], "pairs": [self.prompt, self.completion], "text": [self.text]}[shape]
+        """The fields a shape cannot do without (a preference row's prompt may live in its conversations)."""
+        return {"chat": [self.messages], "pairs": [self.prompt, self.completion], "text": [self.text],
+                "preference": [self.chosen, self.rejected]}[shape]
 
 
 def kind(value: Any) -> str:
@@ -89,10 +94,44 @@ def _message(m: Any) -> str | None:
     return None
 
 
+def _conversation(msgs: Any, name: str) -> str | None:
+    if not isinstance(msgs, list):
+        return f"field '{name}' is {kind(msgs)}"
+    if not msgs:
+        return f"field '{name}' holds no messages"
+    return next((p for p in map(_message, msgs) if p), None)
+
+
+def _preference(row: dict, fields: Fields) -> str | None:
+    """A pair of answers: prompt, chosen and rejected all text, or all conversations (the answers' last message the
+    assistant's); without a prompt, chosen and rejected are whole conversations sharing all but their last message."""
+    names = ([fields.prompt] if fields.prompt in row else []) + [fields.chosen, fields.rejected]
+    missing = next((f"missing field '{n}'" for n in names if n not in row), None)
+    if missing:
+        return missing
+    values = [row[n] for n in names]
+    if all(isinstance(v, str) for v in values):
+        return None if fields.prompt in row else f"missing field '{fields.prompt}'"
+    if not all(isinstance(v, list) for v in values):
+        odd = next((n for n, v in zip(names, values) if not isinstance(v, (str, list))), None)
+        return f"field '{odd}' is {kind(row[odd])}" if odd else "text and conversations mixed in one pair"
+    bad = next((p for n, v in zip(names, values) if (p := _conversation(v, n))), None)
+    if bad:
+        return bad
+    chosen, rejected = row[fields.chosen], row[fields.rejected]
+    if chosen[-1].get("role") != "assistant" or rejected[-1].get("role") != "assistant":
+        return "an answer's last message is not the assistant's"
+    if fields.prompt not in row and chosen[:-1] != rejected[:-1]:
+        return "chosen and rejected have different prompts"
+    return None
+
+
 def problem(row: Any, shape: str, fields: Fields) -> str | None:
     """Why `row` cannot train as `shape`, or None when it can."""
     if not isinstance(row, dict):
         return f"the row is {kind(row)}, not an object"
+    if shape == "preference":
+        return _preference(row, fields)
     if shape != "chat":
         return next(filter(None, (_string(row, f) for f in fields.needed(shape))), None)
     msgs = row.get(fields.messages)
@@ -116,6 +155,17 @@ def kept(row: dict, shape: str, fields: Fields) -> dict[str, str]:
         return {"text": row[fields.text]}
     if shape == "pairs":
         return {"prompt": row[fields.prompt], "completion": row[fields.completion]}
+    if shape == "preference":  # each side as JSON (text or messages); an implicit prompt split off the conversations
+        chosen, rejected = row[fields.chosen], row[fields.rejected]
+        prompt = row.get(fields.prompt)
+        if prompt is None:
+            prompt, chosen, rejected = chosen[:-1], chosen[-1:], rejected[-1:]
+        clean = (lambda v: v if isinstance(v, str) else [  # noqa: E731
+            {**{k: x for k, x in m.items() if x is not None}, "content": m.get("content") or ""} for m in v])
+        tools = row.get("tools")
+        return {"prompt": json.dumps(clean(prompt), default=str), "chosen": json.dumps(clean(chosen), default=str),
+                "rejected": json.dumps(clean(rejected), default=str),
+                "tools": json.dumps(tools, default=str) if tools else ""}
     # a key set to null is left out, as JSON rows leave it out: Parquet gives every message every struct key,
     # and templates test `'tool_calls' in message`
     msgs = [{**{k: v for k, v in m.items() if v is not None}, "content": m.get("content") or ""}

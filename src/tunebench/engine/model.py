@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -48,24 +50,44 @@ class CausalLMWithLoss(nn.Module):
         self.masked_labels = masked_labels  # real data: some labels are ignored (-100)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None,
-                documents: torch.Tensor | None = None) -> torch.Tensor:
+                documents: torch.Tensor | None = None, reference: torch.Tensor | None = None) -> torch.Tensor:
         hf = unwrap(self.model)
-        extra = {}
-        if hf.config._attn_implementation == SDPA:
-            # Rows without position ids are whole sequences: plainly causal, which transformers cannot tell when
-            # traced; packed rows' examples are attended apart (models.attention)
-            extra = {"plain_causal": True} if position_ids is None else {"documents": documents}
+        out = hidden_states(hf, input_ids, position_ids, documents)
         config = hf.config
-        aux = getattr(config, "output_router_logits", False)  # a mixture of experts' load-balancing loss asked for
-        if aux:
-            extra["output_router_logits"] = True
-        out = hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
         loss = causal_lm_loss(out.last_hidden_state, hf.get_output_embeddings(), labels, self.vocab_size,
                               fuse=self.fuse_head, masked=self.masked_labels,
                               softcap=getattr(config, "final_logit_softcapping", None))
-        if aux:
-            loss = loss + config.router_aux_loss_coef * load_balancing_loss(hf, out.router_logits)
-        return loss
+        return loss + aux_loss(hf, out)
+
+
+def eager_if_whole(module: nn.Module) -> contextlib.AbstractContextManager:
+    """A model compiled whole (compile_scope model) is evaluated eagerly: not a second, no-grad graph of the whole
+    model beside the training one; with one on an H200 (torch 2.11) the training graph then failed to compile
+    (dynamo's assertion in the fused loss). Blocks compiled one by one are evaluated compiled."""
+    whole = any(isinstance(m, CausalLMWithLoss) and getattr(m, "_compiled_call_impl", None) is not None
+                for m in module.modules())
+    return torch.compiler.set_stance("force_eager") if whole else contextlib.nullcontext()
+
+
+def hidden_states(hf: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor | None,
+                  documents: torch.Tensor | None, router_logits: bool = True):
+    """The model's last hidden states (and a mixture of experts' router logits where its config asks for them)."""
+    extra = {}
+    if hf.config._attn_implementation == SDPA:
+        # Rows without position ids are whole sequences: plainly causal, which transformers cannot tell when
+        # traced; packed rows' examples are attended apart (models.attention)
+        extra = {"plain_causal": True} if position_ids is None else {"documents": documents}
+    if router_logits and getattr(hf.config, "output_router_logits", False):
+        extra["output_router_logits"] = True
+    return hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra)
+
+
+def aux_loss(hf: nn.Module, out) -> torch.Tensor | float:
+    """A mixture of experts' load-balancing term, weighted as its ForCausalLM adds it (0 for other models)."""
+    config = hf.config
+    if not getattr(config, "output_router_logits", False) or getattr(out, "router_logits", None) is None:
+        return 0.0
+    return config.router_aux_loss_coef * load_balancing_loss(hf, out.router_logits)
 
 
 def load_balancing_loss(hf: nn.Module, router_logits: tuple[torch.Tensor, ...]) -> torch.Tensor:

@@ -16,6 +16,7 @@ block (their weights times k/E; their LoRA adapters too), so N is the active par
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torch import nn
@@ -42,6 +43,12 @@ class FlopsPerToken:
     def model_noncausal(self) -> float:
         """The MFU numerator with the full (non-causal) attention product, as PaLM and torchtitan count it."""
         return self.model + self.attention
+
+    def with_reference_forward(self) -> FlopsPerToken:
+        """DPO's reference model run forward on every token too (work the objective needs: counted in MFU)."""
+        extra = 2.0 * (self.n_frozen + self.n_trainable) + self.attention / 3
+        return dataclasses.replace(self, model=self.model + extra, hardware=self.hardware + extra,
+                                   formula=self.formula + "; the reference's forward 2*N_matmul + 2*L*H*head_dim*S")
 
 
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")

@@ -36,7 +36,7 @@ class Prediction:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.cfg.batch_size * self.cfg.seq_len * self.cfg.grad_accum * self.world
+        return self.cfg.rows_per_micro * self.cfg.seq_len * self.cfg.grad_accum * self.world
 
     @property
     def tokens_per_s(self) -> float:
@@ -84,9 +84,11 @@ def model_flops_per_token(w: Workload) -> float:
     c, s = w.counts, w.spec
     matmul = c.matmul  # an MoE's active weights: its routers and k experts
     attention = 6.0 * w.layers * s.num_heads * s.head_dim * w.cfg.seq_len
+    # DPO's reference forward is work the objective needs: counted, as runs count it (metrics.flops)
+    reference = (2.0 * matmul + attention / 3) if w.reference_forward else 0.0
     if w.full:
-        return 6.0 * matmul + attention
-    return 4.0 * matmul + 6.0 * w.active_lora_params + attention
+        return 6.0 * matmul + attention + reference
+    return 4.0 * matmul + 6.0 * w.active_lora_params + attention + reference
 
 
 def predict(cfg: RunConfig, gpu: Gpu, world: int = 1, measured: list[tuple[str, dict]] = (),

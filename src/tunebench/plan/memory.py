@@ -69,6 +69,15 @@ class MemoryPlan:
 
 
 def _weights(w: Workload) -> list[Item]:
+    items = _own_weights(w)
+    if w.frozen_reference:  # copied as built (before a strategy casts), sharded as the policy is under FSDP2
+        shards = w.world if w.collectives == "fsdp" else 1
+        items.append(Item("reference model", w.param_bytes * w.counts.total / shards,
+                          "DPO's frozen copy" + (f", 1/{shards} shard" if shards > 1 else "")))
+    return items
+
+
+def _own_weights(w: Workload) -> list[Item]:
     c, cb, n = w.counts, w.compute_bytes, w.counts.total
     if w.full:
         if w.deepspeed:
@@ -213,7 +222,7 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     inner = w.mlp_width
     temps = 2 * w.tokens * inner * w.compute_bytes
     if act.attention == "math":  # gradients of the S x S probabilities
-        temps += 2 * w.cfg.batch_size * s.num_heads * w.cfg.seq_len ** 2 * w.compute_bytes
+        temps += 2 * w.cfg.rows_per_micro * s.num_heads * w.cfg.seq_len ** 2 * w.compute_bytes
     if w.checkpointed_share:
         temps += w.tokens * act.per_layer + act.per_block
     if w.recompute_traced and w.recomputed_share:

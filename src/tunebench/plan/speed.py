@@ -99,8 +99,26 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     else:
         share = CAL.attention_of_peak * cfg.seq_len / (cfg.seq_len + CAL.attention_half_seq)
         attention_flops = share * hw.gpu.peak_flops
-    return {"matmul": gemm, "attention": attention / attention_flops,
-            "elementwise": moved / hw.bandwidth, "optimizer": optimizer}
+    work = {"matmul": gemm, "attention": attention / attention_flops, "elementwise": moved / hw.bandwidth,
+            "optimizer": optimizer}
+    if w.reference_forward:
+        work["reference forward"] = _reference_forward(w, hw, ceiling, attention_flops, per_saved * act.per_layer)
+    return work
+
+
+def _reference_forward(w: Workload, hw: Hardware, ceiling: float, attention_flops: float,
+                       bytes_per_token_layer: float) -> float:
+    """DPO's reference pass: one forward without gradients over the micro-batches' tokens (the base's GEMMs, the
+    head's logits, attention, the elementwise ops' forward share, QLoRA's weights dequantized once more)."""
+    s, c, cfg = w.spec, w.counts, w.cfg
+    tokens = w.tokens * cfg.grad_accum
+    gemm = 2 * (c.block_matmul + c.head) * tokens / ceiling
+    attention = 2 * cfg.seq_len * s.num_heads * s.head_dim * w.layers * tokens / attention_flops
+    moved = bytes_per_token_layer * w.layers * tokens * 2 / 3  # a forward: a third of forward + backward's traffic
+    moved += CAL.loss_bytes_per_logit * w.compute_bytes / 4 * tokens * s.vocab_size
+    if cfg.method == "qlora":
+        moved += 2.5 * c.block_linears * cfg.grad_accum
+    return gemm + attention + moved / hw.bandwidth
 
 
 def _ceilings(w: Workload, hw: Hardware) -> tuple[float, float]:
@@ -138,8 +156,9 @@ def _host(w: Workload) -> float:
         return w.cfg.grad_accum * w.layers * CAL.cuda_graph_host_per_block_s
     if w.whole_graph:
         return w.cfg.grad_accum * w.layers * (CAL.whole_graph_host_per_block_s + facts.whole_graph_host_per_block_s)
-    # a block keeping its matmuls, or recomputed in its compiled backward's graph, makes no extra calls
-    passes = 2 + w.recomputed_share - w.traced_share
+    # a block keeping its matmuls, or recomputed in its compiled backward's graph, makes no extra calls; DPO's
+    # reference adds a forward
+    passes = 2 + w.recomputed_share - w.traced_share + w.reference_forward
     # compiled blocks trace peft's per-adapter Python into their graph: no host calls per adapter left
     eager = 0.0 if w.cfg.compile is True else CAL.host_per_adapter_s
     compiled_apart = w.cfg.compile is True and facts.compiled_blocks_host

@@ -86,11 +86,11 @@ def memory_table(p: Prediction) -> Table:
     for item in m.items:
         tab.add(item.name, gib(item.bytes, unit=""), item.note)
     a = m.activations
-    tab.add("  per block", gib(a.kept_per_layer * p.cfg.batch_size * p.cfg.seq_len, ".3f", ""),
+    tab.add("  per block", gib(a.kept_per_layer * p.cfg.rows_per_micro * p.cfg.seq_len, ".3f", ""),
             f"{fmt(a.kept_per_layer, ',.0f')} bytes/token kept ({fmt(a.per_layer, ',.0f')} during its backward), "
             f"{a.attention} attention")
     if a.routing:
-        tab.add("  routing", gib(a.routing * p.cfg.batch_size * p.cfg.seq_len, ".3f", ""),
+        tab.add("  routing", gib(a.routing * p.cfg.rows_per_micro * p.cfg.seq_len, ".3f", ""),
                 f"of each sparse block's: {fmt(a.routing, ',.0f')} bytes/token (the router's probabilities, the "
                 "chosen experts' indices)")
     return tab

@@ -47,8 +47,19 @@ class Workload:
 
     @property
     def tokens(self) -> int:
-        """Tokens in one micro-batch on one GPU."""
-        return self.cfg.batch_size * self.cfg.seq_len
+        """Tokens in one micro-batch on one GPU (a preference objective's: both answers' rows of every pair)."""
+        return self.cfg.rows_per_micro * self.cfg.seq_len
+
+    @property
+    def reference_forward(self) -> bool:
+        """DPO's reference runs forward on every micro-batch (not precomputed): the frozen copy, or the base with
+        the adapters disabled."""
+        return self.cfg.objective == "dpo" and not self.cfg.precompute_reference
+
+    @property
+    def frozen_reference(self) -> bool:
+        """DPO's reference is a frozen copy of the model (full fine-tuning): its weights on the GPU too."""
+        return self.reference_forward and self.full
 
     @property
     def layers(self) -> int:

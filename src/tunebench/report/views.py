@@ -19,12 +19,15 @@ def run_table(rec: ResultRecord) -> Table:
         precision += " (auto)"
     if c.get("tf32"):
         precision += ", TF32 matmuls"
-    t.add("workload", f"{c['model']} {c['method']} {precision}  batch {c['batch_size']} x accum "
-                      f"{c['grad_accum']} x seq {c['seq_len']}  opt {c['optimizer']}  ckpt {c['grad_ckpt']}")
+    objective = c.get("objective", "sft")
+    pairs = objective != "sft"
+    t.add("workload", f"{c['model']} {c['method']}" + f" {objective}" * pairs + f" {precision}  batch "
+                      f"{c['batch_size']}{' pairs' * pairs} x accum {c['grad_accum']} x seq {c['seq_len']}  opt "
+                      f"{c['optimizer']}  ckpt {c['grad_ckpt']}")
     t.add("device", f"{gpu} x {m.world_size}" + (f" on {m.nnodes} nodes" if m.nnodes > 1 else "")
           + f"  strategy {c.get('strategy', 'single')}")
     t.add("tokens/s", f"{fmt(m.tokens_per_s)}  ({fmt(m.tokens_per_s_per_gpu)} per device)")
-    t.add("samples/s", fmt(m.samples_per_s, ",.3f"))
+    t.add("pairs/s" if pairs else "samples/s", fmt(m.samples_per_s, ",.3f"))
     t.add("step time p50/p90/p99", "-" if not m.step_time_s else
           f"{step_times(m.step_time_s)}  (mean {m.step_time_s.mean * 1e3:.1f}, std {m.step_time_s.std * 1e3:.1f})")
     t.add("peak memory alloc/reserved", f"{gib(m.peak_mem_allocated_bytes)} / {gib(m.peak_mem_reserved_bytes)}"

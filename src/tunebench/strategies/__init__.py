@@ -111,6 +111,10 @@ class Strategy:
                             "use compile_scope=blocks (or strategy=single or ddp)")
         if cfg.cuda_graphs is True:
             check_cuda_graphs(cfg, self)
+        if self.partitioned_init and cfg.objective == "dpo" and cfg.method == "full" and not cfg.precompute_reference:
+            raise UserError(f"invalid objective=dpo with strategy={self.name} and method=full: the reference would be "
+                            "a second partitioned model; set precompute_reference: true (the reference's "
+                            "log-probabilities computed once by the model before it trains)")
         if self.deepspeed and cfg.precision == "bf16-pure":
             raise UserError(f"invalid precision=bf16-pure with strategy={self.name}: DeepSpeed's bf16 mode keeps fp32 "
                             "master weights in its optimizer; use precision=bf16 (it already computes in bf16)")

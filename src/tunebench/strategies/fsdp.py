@@ -65,3 +65,15 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
         ts.update = update
     ts.state = Sharded(module, ts.optimizer, frozen_base=cfg.method != "full")
     return ts
+
+
+def shard_frozen(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torch.device,
+                 world_size: int) -> None:
+    """A frozen model (DPO's reference) sharded as `apply` shards the policy: each block, then the root; no
+    optimizer, no gradients."""
+    mesh = _mesh(device, world_size, cfg.shard_size)
+    mp = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=torch.float32)
+    block_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=block_mp)
+    fully_shard(module, mesh=mesh, mp_policy=mp)

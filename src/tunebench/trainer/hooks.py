@@ -6,7 +6,6 @@ loop ends at that step boundary with a checkpoint, so a preempted job loses at m
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import time
@@ -22,7 +21,7 @@ from tunebench.data.batches import DatasetBatches, eval_batches
 from tunebench.dist import DistContext
 from tunebench.engine import checkpoint
 from tunebench.engine.loop import LoopResult
-from tunebench.engine.model import CausalLMWithLoss
+from tunebench.engine.model import eager_if_whole
 from tunebench.engine.schedule import lr_of_step
 from tunebench.engine.step import autocast
 from tunebench.format import duration
@@ -50,20 +49,11 @@ class StopRequest:
             signal.signal(s, h)
 
 
-def _eagerly(module) -> contextlib.AbstractContextManager:
-    """A model compiled whole (compile_scope model) is evaluated eagerly: not a second, no-grad graph of the whole
-    model beside the training one; with one on an H200 (torch 2.11) the training graph then failed to compile
-    (dynamo's assertion in the fused loss). Blocks compiled one by one are evaluated compiled."""
-    whole = any(isinstance(m, CausalLMWithLoss) and getattr(m, "_compiled_call_impl", None) is not None
-                for m in module.modules())
-    return torch.compiler.set_stance("force_eager") if whole else contextlib.nullcontext()
-
-
 def evaluate(module, prepared, cfg, device: torch.device, ctx: DistContext) -> float:
     """Mean loss over the validation tokens (every rank its share, summed over ranks)."""
     module.eval()
     total = torch.zeros(2, device=device, dtype=torch.float64)
-    with torch.no_grad(), autocast(cfg, device, cache=False), _eagerly(module):
+    with torch.no_grad(), autocast(cfg, device, cache=False), eager_if_whole(module):
         for b in eval_batches(prepared, cfg.batch_size, device, ctx.rank, ctx.world_size, cfg.eval_batches):
             n = (b.labels != -100).sum()
             total += torch.stack([module(*b).double() * n, n.double()])
@@ -91,6 +81,7 @@ class JobState:
     checkpoints: list[str] = field(default_factory=list)
     target_s: float | None = None  # seconds (of training) until eval loss first reached the target
     elapsed_before: float = 0.0  # training seconds in earlier processes of this job
+    preference: list[list[Any]] = field(default_factory=list)  # [step, {rewards, margin, accuracy}] (pairs)
 
 
 @dataclass
@@ -110,6 +101,7 @@ class TrainHooks:
     trackers: Any = None
     state: JobState = field(default_factory=JobState)
     started: float = field(default_factory=time.perf_counter)
+    held_reference: Any = None  # the validation pairs' precomputed reference log-probabilities
 
     def due(self, done: int) -> bool:
         c = self.cfg
@@ -145,12 +137,28 @@ class TrainHooks:
         return stop
 
     def evaluate(self, done: int) -> None:
-        loss = evaluate(self.ts.module, self.eval_data, self.cfg, self.data.device, self.ctx)
+        figures = None
+        if self.cfg.objective != "sft":
+            from tunebench.trainer.pairs import evaluate_pairs
+
+            figures = evaluate_pairs(self.ts.module, self.eval_data, self.cfg, self.data.device, self.ctx,
+                                     self.held_reference)
+            loss = figures["loss"]
+            self.state.preference.append([done, figures])
+        else:
+            loss = evaluate(self.ts.module, self.eval_data, self.cfg, self.data.device, self.ctx)
         self.state.eval_curve.append([done, loss])
         target = self.cfg.target_eval_loss
         if target is not None and self.state.target_s is None and loss <= target:
             self.state.target_s = self.elapsed()
-        if self.ctx.is_main:
+        if self.ctx.is_main and figures:
+            say(f"eval: step {done}, loss {loss:.4f}, reward accuracy {figures['reward_accuracy']:.1%}, margin "
+                f"{figures['reward_margin']:.4f} (chosen {figures['rewards_chosen']:.4f}, rejected "
+                f"{figures['rewards_rejected']:.4f}) over {figures['pairs']:,} pairs")
+            if self.trackers:
+                self.trackers.log({f"eval/{k}": figures[k] for k in ("loss", "rewards_chosen", "rewards_rejected",
+                                                                       "reward_margin", "reward_accuracy")}, done)
+        elif self.ctx.is_main:
             say(f"eval: step {done}, loss {loss:.4f}, perplexity {math.exp(min(loss, 50)):.2f}")
             if self.trackers:
                 self.trackers.log({"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50))}, done)
@@ -162,6 +170,7 @@ class TrainHooks:
         state = {"step": done, "total": self.total, "epoch": self.data.pos.epoch, "micro": self.data.pos.micro,
                  "losses": self.state.history + result.losses, "eval_curve": self.state.eval_curve,
                  "target_s": self.state.target_s, "elapsed_s": self.elapsed(), "world_size": self.ctx.world_size,
+                 "preference": self.state.preference,
                  "identity": self.identity}
 
         def parts(folder: Path) -> None:

@@ -48,16 +48,23 @@ def _resume(inputs: JobInputs, t, sched, ctx: DistContext) -> tuple[int, Positio
     checkpoint.load_rng(ck, ctx)
     return st["step"], Position(st["epoch"], st["micro"]), JobState(
         history=st["losses"], eval_curve=st["eval_curve"], target_s=st.get("target_s"),
-        elapsed_before=st.get("elapsed_s", 0.0))
+        elapsed_before=st.get("elapsed_s", 0.0), preference=st.get("preference", []))
 
 
 def _run(plan: Plan, inputs: JobInputs, out: Outcome, started: float, ctx: DistContext) -> None:
     cfg, device = plan.cfg, plan.device
-    t = build_trainable(plan, out, ctx, masked_labels=True)
+    train, held = _prepared(inputs.data), _prepared(inputs.eval)
+    t = build_trainable(plan, out, ctx, masked_labels=True, per_row=_pairs_per_row(train))
     sched = scheduler(t.ts.optimizer, cfg.schedule, cfg.warmup_steps, inputs.total)
     start, pos, state = _resume(inputs, t, sched, ctx)
-    train = _prepared(inputs.data)
-    data = DatasetBatches(train, cfg.batch_size, device, cfg.seed, ctx.rank, ctx.world_size, pos)
+    reference = held_reference = None
+    if cfg.objective == "dpo" and cfg.precompute_reference:  # before the first step: the model is the reference
+        from tunebench.trainer.pairs import reference_values
+
+        with kernel_settings(cfg, device):
+            reference = reference_values(t.ts.module, train, cfg, device, ctx, "train", start > 0)
+            held_reference = reference_values(t.ts.module, held, cfg, device, ctx, "eval", start > 0)
+    data = DatasetBatches(train, cfg.batch_size, device, cfg.seed, ctx.rank, ctx.world_size, pos, reference)
     stop = StopRequest(device)
     step_fn = optimizer_step_fn(t.ts, data, cfg, device, ctx, after_update=sched.step, stop_flag=stop.flag)
 
@@ -65,11 +72,11 @@ def _run(plan: Plan, inputs: JobInputs, out: Outcome, started: float, ctx: DistC
         stop.before_step()
         return step_fn()
 
-    hooks = TrainHooks(cfg, ctx, Path(cfg.output_dir), inputs.total, data, t.ts, sched, _prepared(inputs.eval),
-                       inputs.identity, cfg.batch_size * cfg.grad_accum * cfg.seq_len * ctx.world_size,
+    hooks = TrainHooks(cfg, ctx, Path(cfg.output_dir), inputs.total, data, t.ts, sched, held,
+                       inputs.identity, cfg.rows_per_micro * cfg.grad_accum * cfg.seq_len * ctx.world_size,
                        out.flops.model if out.flops else None,
                        peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None,
-                       _trackers(cfg, ctx), state)
+                       _trackers(cfg, ctx), state, held_reference=held_reference)
     try:
         with kernel_settings(cfg, device):  # the benchmark's kernels, evaluation included
             if hooks.eval_data is not None and start == 0:
@@ -97,6 +104,11 @@ def _run(plan: Plan, inputs: JobInputs, out: Outcome, started: float, ctx: DistC
     out.loop.losses = state.history + out.loop.losses  # the whole job's curve, resumed steps included
 
 
+def _pairs_per_row(prepared: Prepared) -> int:
+    """Preference pairs a packed row pair holds at most (1 unpacked, or for other data)."""
+    return int(prepared.stats.get("fullest_row", 1)) if prepared.stats.get("packing") else 1
+
+
 def _trackers(cfg, ctx: DistContext):
     if not cfg.track or not ctx.is_main:
         return None
@@ -115,8 +127,9 @@ def _figures(inputs: JobInputs, train: Prepared, hooks: TrainHooks, out: Outcome
         steps=loop.done,
         planned_steps=inputs.total, epochs=loop.done * cfg.grad_accum / hooks.data.per_epoch,
         tokens=loop.done * hooks.tokens_per_step, train_loss=losses[-1] if losses else None, eval_loss=eval_loss,
-        eval_perplexity=math.exp(min(eval_loss, 50)) if eval_loss is not None else None,
+        eval_perplexity=math.exp(min(eval_loss, 50)) if eval_loss is not None and cfg.objective == "sft" else None,
         eval_curve=st.eval_curve, target_eval_loss=cfg.target_eval_loss, time_to_target_s=st.target_s,
+        preference=st.preference[-1][1] if st.preference else None, preference_curve=st.preference,
         train_s=hooks.elapsed(), predicted_tokens_per_s=pred.get("tokens_per_s"), predicted_from=pred.get("source"),
         predicted_s=inputs.total * hooks.tokens_per_step / pred["tokens_per_s"] if pred.get("tokens_per_s") else None,
         exit="preempted" if loop.stopped else "completed" if loop.status == "ok" else "stopped",

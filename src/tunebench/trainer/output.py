@@ -4,7 +4,7 @@
                               world size): written when the job starts
     output_dir/.tokenizer/    the tokenizer as the job loaded it, written when the job starts: what the job
                               saves beside its model at the end, whatever became of the user's folder meanwhile
-    checkpoints/  adapter/ or model/  merged/  record.json  tensorboard/  mlruns/
+    checkpoints/  adapter/ or model/  merged/  record.json  tensorboard/  mlruns/  reference/ (dpo's precomputed)
 
 A folder that holds another job is refused unless the job resumes it (--resume) or starts anew
 (--overwrite, which removes the previous job's own files and nothing else). A checkpoint of another
@@ -30,7 +30,8 @@ from tunebench.errors import UserError
 from tunebench.files import write_text
 
 LOCK = ".tunebench.lock"  # held (flock) by the job's launching process: released by the kernel when it dies
-OWN = ("checkpoints", "adapter", "model", "merged", "run.json", "record.json", "tensorboard", "mlruns", ".tokenizer")
+OWN = ("checkpoints", "adapter", "model", "merged", "run.json", "record.json", "tensorboard", "mlruns", ".tokenizer",
+       "reference")
 
 
 @contextlib.contextmanager

@@ -256,7 +256,7 @@ class Tuner:
 
 
 def tokens_per_step(c: Candidate) -> int:
-    return c.cfg.batch_size * c.cfg.seq_len * c.cfg.grad_accum * c.world
+    return c.cfg.rows_per_micro * c.cfg.seq_len * c.cfg.grad_accum * c.world
 
 
 def _shape(cfg: RunConfig) -> str:

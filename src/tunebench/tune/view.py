@@ -24,7 +24,7 @@ def result_tables(result: Any) -> list[Table]:
 
     runs = Table(["#", "candidate", "status", "tokens/s", "predicted (a GPU's model)" if cpu else "predicted",
                   "peak RSS (host)" if cpu else "peak alloc/GPU", "note"],
-                 title=f"tune {result.id}: {result.runs} runs, objective {result.settings.objective}")
+                 title=f"tune {result.id}: {result.runs} runs, goal {result.settings.objective}")
     for i, c in enumerate(result.tuner.measured, 1):
         m = c.record.metrics
         note = [w for w, on in (("best", c.record.id == best), ("Pareto front", c.record.id in front),

@@ -1,0 +1,307 @@
+"""Preference objectives over pairs of answers (DPO and IPO, SimPO, ORPO), on the engine SFT trains with.
+
+A micro-batch of B pairs is 2B rows: the chosen answers' rows, then the rejected answers' (one forward for both,
+as the reference implementations concatenate them). Labels are the answers' tokens, every other one IGNORE. Packed
+rows hold several pairs: the k-th example of a chosen row and the k-th of its rejected row are one pair (data.rows
+lays them out so); an example's tokens are found by its position ids, which restart at 0.
+
+An answer's log-probability is the sum of its tokens' log-softmax at the label. Only the answers' tokens go through
+the head, chunk by chunk (no (tokens x vocab) logits at once). With the head frozen (LoRA, QLoRA) each chunk's
+d logp / d h is computed in forward and only scaled in backward by its pair's weight, as engine.loss does for SFT:
+no logits are kept or computed twice. A trained head (full fine-tuning) recomputes its chunks' logits in backward.
+
+DPO's reference, in the order tried: log-probabilities precomputed before training and carried by the batch; the
+model with its adapters disabled (LoRA, QLoRA: one model in memory); a frozen copy (full fine-tuning). It runs
+first and without gradients, so its activations are gone before the policy's exist.
+
+The losses are those of the reference implementations (TRL's DPOTrainer, CPOTrainer with loss_type simpo,
+ORPOTrainer; tests/test_preference.py compares losses, rewards and gradients): with c, r the chosen and rejected
+answers' log-probabilities, avg their per-token means, and c0, r0 the reference's,
+
+  dpo (sigmoid)  -(1-e) log s(b*d) - e log s(-b*d),  d = (c - c0) - (r - r0)      rewards b(c - c0), b(r - r0)
+  dpo (ipo)      (d' - 1/(2b))^2,  d' = (c - c0)/|c| - (r - r0)/|r|                  rewards as dpo
+  simpo          -(1-e) log s(b*m) - e log s(-b*m),  m = avg(c) - avg(r) - gamma/b  rewards b avg(c), b avg(r)
+  orpo           NLL(chosen answers) - b * mean log s(log odds(avg c) - log odds(avg r))  rewards as simpo
+
+each a mean over the micro-batch's pairs. ORPO's NLL is over the chosen answers' tokens only, as every objective
+here trains on the answers alone (TRL's ORPOTrainer also counts the prompt's).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from tunebench.engine.loss import IGNORE, _capped, _compute_dtype, _padded, chunk_tokens, is_fusable
+from tunebench.engine.model import aux_loss, hidden_states, unwrap
+
+OBJECTIVES = ("sft", "dpo", "simpo", "orpo")
+WITH_REFERENCE = ("dpo",)
+
+
+@dataclass(frozen=True)
+class Preference:
+    """An objective's settings (the config keys of the same names)."""
+
+    objective: str
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    dpo_loss: str = "sigmoid"
+    simpo_gamma: float = 0.5
+
+    @classmethod
+    def of(cls, cfg) -> Preference:
+        return cls(cfg.objective, cfg.beta, cfg.label_smoothing, cfg.dpo_loss, cfg.simpo_gamma)
+
+    @property
+    def reference(self) -> bool:
+        return self.objective in WITH_REFERENCE
+
+
+
+
+class AnswerLogps(NamedTuple):
+    """Every answer's summed token log-probabilities and its token count: (2B, K) each, chosen rows first."""
+
+    sums: torch.Tensor
+    counts: torch.Tensor
+
+
+class PairStats(NamedTuple):
+    """One micro-batch's pairs: their losses, rewards and which of the (B, K) slots hold a pair."""
+
+    losses: torch.Tensor
+    chosen_rewards: torch.Tensor
+    rejected_rewards: torch.Tensor
+    valid: torch.Tensor
+    loss: torch.Tensor  # the micro-batch's loss (the mean over its pairs, ORPO's NLL added)
+    nll_sum: torch.Tensor  # orpo: the chosen answers' summed negative log-likelihood (0 otherwise)
+    nll_tokens: torch.Tensor  # and their tokens
+
+
+# --- the answers' log-probabilities -------------------------------------------------------------------------------
+
+
+def _token_ce_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, dtype: torch.dtype,
+                   softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each token's cross-entropy in fp32, d(ce)/d logits = softmax - onehot in `dtype`), without in-place ops so
+    inductor makes one reduction and one pointwise kernel of it on GPUs."""
+    z = logits.float()
+    capped = None
+    if softcap is not None:
+        capped = torch.tanh(z / softcap)
+        z = capped * softcap
+    columns = torch.arange(z.shape[1], device=z.device)
+    if z.shape[1] > vocab:
+        z = z.masked_fill(columns >= vocab, -torch.inf)  # the padded head's columns: no probability
+    lse = torch.logsumexp(z, dim=-1)
+    ce = lse - z.gather(1, y[:, None]).squeeze(1)
+    g = (z - lse[:, None]).exp() - (columns == y[:, None]).to(z.dtype)
+    if capped is not None:
+        g = g * (1.0 - capped * capped)
+    return ce, g.to(dtype)
+
+
+@functools.cache
+def _token_ce_compiled() -> Callable:
+    return torch.compile(_token_ce_pure)
+
+
+def _token_ce(logits: torch.Tensor, y: torch.Tensor, vocab: int, dtype: torch.dtype,
+              softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if logits.is_cuda:
+        torch._dynamo.maybe_mark_dynamic(logits, 0)  # chunks' row counts vary: one graph for all of them
+        return _token_ce_compiled()(logits, y, vocab, dtype, softcap)
+    return _token_ce_pure(logits, y, vocab, dtype, softcap)
+
+
+class _FrozenHeadLogps(torch.autograd.Function):
+    """log p(y_t | h_t) for each token under a frozen head; d/dh computed chunk by chunk in forward."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype, softcap: float | None):
+        with torch.autocast(h.device.type, enabled=False):
+            w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
+            hc = h.to(dtype)
+            out = torch.empty(hc.shape[0], device=h.device, dtype=torch.float32)
+            grad_h = torch.empty_like(hc)
+            for i in range(0, hc.shape[0], chunk):
+                ce, g = _token_ce(F.linear(hc[i:i + chunk], w, b), labels[i:i + chunk], weight.shape[0], dtype,
+                                  softcap)
+                out[i:i + chunk] = -ce
+                grad_h[i:i + chunk] = g @ w  # d ce / d h; d logp / d h is its negative
+        ctx.save_for_backward(grad_h)
+        ctx.h_dtype = h.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (grad_h,) = ctx.saved_tensors
+        return (grad_h.float() * -grad_out[:, None]).to(ctx.h_dtype), None, None, None, None, None, None
+
+
+def _chunk_logps(head: nn.Module, h: torch.Tensor, y: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return -F.cross_entropy(_capped(head(h).float(), softcap), y, reduction="none")
+
+
+def token_logps(h: torch.Tensor, head: nn.Module, y: torch.Tensor, vocab_size: int, fuse: bool = True,
+                softcap: float | None = None) -> torch.Tensor:
+    """Each row of `h` (tokens x hidden)'s log-probability of its label `y` under `head`, in fp32."""
+    n = chunk_tokens(vocab_size)
+    trained_head = any(p.requires_grad for p in head.parameters())
+    if not torch.is_grad_enabled():
+        return torch.cat([_chunk_logps(head, h[i:i + n], y[i:i + n], softcap) for i in range(0, h.shape[0], n)]) \
+            if h.shape[0] else h.new_zeros(0, dtype=torch.float32)
+    if fuse and is_fusable(head) and not trained_head and h.requires_grad:
+        return _FrozenHeadLogps.apply(h, head.weight, head.bias, y, n, _compute_dtype(h), softcap)
+    parts = [checkpoint(_chunk_logps, head, h[i:i + n], y[i:i + n], softcap, use_reentrant=False)
+             for i in range(0, h.shape[0], n)]
+    return torch.cat(parts) if parts else h.new_zeros(0, dtype=torch.float32)
+
+
+def answer_logps(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, positions: torch.Tensor | None,
+                 per_row: int, vocab_size: int, fuse: bool = True, softcap: float | None = None) -> AnswerLogps:
+    """Sum and count of each answer's token log-probabilities: (rows, per_row) each. Only the labelled tokens go
+    through the head (their count is read from the device: the one host sync of the step)."""
+    rows, seq = labels.shape
+    flat = labels.reshape(-1)
+    picked = (flat != IGNORE).nonzero().squeeze(1)
+    slot = picked // seq * per_row
+    if positions is not None and per_row > 1:
+        example = ((positions == 0).cumsum(1) - 1).clamp(min=0).reshape(-1)  # which example of its row
+        slot = slot + example[picked].clamp(max=per_row - 1)
+    h = hidden.reshape(-1, hidden.shape[-1])[picked]
+    logp = token_logps(h, head, flat[picked], vocab_size, fuse, softcap)
+    sums = torch.zeros(rows * per_row, device=hidden.device, dtype=torch.float32).index_add(0, slot, logp)
+    counts = torch.zeros(rows * per_row, device=hidden.device, dtype=torch.float32).index_add(
+        0, slot, torch.ones_like(logp, dtype=torch.float32))
+    return AnswerLogps(sums.view(rows, per_row), counts.view(rows, per_row))
+
+
+# --- the losses ---------------------------------------------------------------------------------------------------
+
+
+def _smoothed(x: torch.Tensor, beta: float, eps: float) -> torch.Tensor:
+    return -F.logsigmoid(beta * x) * (1 - eps) - F.logsigmoid(-beta * x) * eps
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x < 0, accurate at both ends."""
+    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def pair_stats(p: Preference, policy: AnswerLogps, reference: torch.Tensor | None) -> PairStats:
+    """The micro-batch's losses from its answers' log-probabilities (and the reference's sums, for dpo)."""
+    half = policy.sums.shape[0] // 2
+    c, r = policy.sums[:half], policy.sums[half:]
+    nc, nr = policy.counts[:half], policy.counts[half:]
+    valid = (nc > 0) & (nr > 0)  # a slot holding a pair (packed rows' unused slots hold none)
+    nc1, nr1 = nc.clamp(min=1), nr.clamp(min=1)
+    # an empty slot's figures are set where every formula is finite: a NaN there would reach the gradient through
+    # the mask below (0 x inf)
+    c, r = torch.where(valid, c, -1.0), torch.where(valid, r, -1.0)
+    nll = None
+    if p.objective == "dpo":
+        c0 = torch.where(valid, reference[:half].float(), -1.0)
+        r0 = torch.where(valid, reference[half:].float(), -1.0)
+        if p.dpo_loss == "ipo":
+            losses = ((c - c0) / nc1 - (r - r0) / nr1 - 1 / (2 * p.beta)) ** 2
+        else:
+            losses = _smoothed((c - c0) - (r - r0), p.beta, p.label_smoothing)
+        chosen, rejected = p.beta * (c - c0), p.beta * (r - r0)
+    elif p.objective == "simpo":
+        ac, ar = c / nc1, r / nr1
+        losses = _smoothed(ac - ar - p.simpo_gamma / p.beta, p.beta, p.label_smoothing)
+        chosen, rejected = p.beta * ac, p.beta * ar
+    elif p.objective == "orpo":
+        ac, ar = c / nc1, r / nr1
+        log_odds = (ac - ar) - (log1mexp(ac) - log1mexp(ar))
+        losses = -p.beta * F.logsigmoid(log_odds)
+        chosen, rejected = p.beta * ac, p.beta * ar
+        nll = (-(c * valid).sum(), (nc * valid).sum())
+    else:
+        raise ValueError(f"objective {p.objective} has no pair loss")
+    losses = torch.where(valid, losses, torch.zeros_like(losses))
+    loss = losses.sum() / valid.sum().clamp(min=1)
+    zero = torch.zeros((), device=loss.device)
+    if nll is not None:
+        loss = loss + nll[0] / nll[1].clamp(min=1)
+    nll_sum, nll_tokens = nll if nll is not None else (zero, zero)
+    return PairStats(losses, chosen.detach(), rejected.detach(), valid, loss, nll_sum.detach(), nll_tokens)
+
+
+# --- the model ----------------------------------------------------------------------------------------------------
+
+
+class FrozenReference(nn.Module):
+    """DPO's frozen copy of the model (full fine-tuning), under the name the policy's model has (`model`), so that
+    slots and sharding find its weights as they find the policy's. It is called with the function to run on the
+    model: its own forward is where a sharding strategy gathers its root's weights (FSDP2's hooks)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn: Callable, *args):
+        return fn(self.model, *args)
+
+
+class PreferenceLM(nn.Module):
+    """The model and its preference loss as one module, as CausalLMWithLoss is for SFT: strategies wrap either.
+
+    `reference`: DPO's frozen copy (full fine-tuning without precomputed log-probabilities), kept in a list so that
+    it is no submodule of what the strategy wraps, shards and checkpoints; None where the adapters disabled are the
+    reference, or where it is precomputed, or for the reference-free objectives."""
+
+    def __init__(self, model: nn.Module, vocab_size: int, preference: Preference, fuse_head: bool = True,
+                 per_row: int = 1, reference: FrozenReference | None = None):
+        super().__init__()
+        self.model = model
+        self.vocab_size = vocab_size
+        self.preference = preference
+        self.fuse_head = fuse_head
+        self.per_row = per_row  # pairs a packed row pair holds at most (1: one pair per row)
+        self._reference = [reference] if reference is not None else []
+        self.collect: list[PairStats] | None = None  # set by an evaluation: each micro-batch's stats appended
+        # "reference": forward returns the reference's answer sums instead of the loss (precomputing them, through
+        # whatever wraps this module: FSDP2 gathers the root's weights in its forward hooks only)
+        self.mode = "train"
+
+    def _logps(self, hf: nn.Module, input_ids, labels, position_ids, documents) -> tuple[AnswerLogps, object]:
+        out = hidden_states(hf, input_ids, position_ids, documents, router_logits=torch.is_grad_enabled())
+        logps = answer_logps(out.last_hidden_state, hf.get_output_embeddings(), labels, position_ids, self.per_row,
+                             self.vocab_size, self.fuse_head, getattr(hf.config, "final_logit_softcapping", None))
+        return logps, out
+
+    def reference_logps(self, input_ids, labels, position_ids=None, documents=None) -> torch.Tensor:
+        """The reference model's answer sums (2B, K), without gradients: the frozen copy, the adapters disabled, or
+        (full fine-tuning precomputing them before its first step) the model itself."""
+        with torch.no_grad():
+            if self._reference:
+                return self._reference[0](lambda m, *a: self._logps(m, *a)[0].sums, input_ids, labels, position_ids,
+                                          documents)
+            if not hasattr(self.model, "disable_adapter"):
+                return self._logps(unwrap(self.model), input_ids, labels, position_ids, documents)[0].sums
+            with self.model.disable_adapter():
+                return self._logps(unwrap(self.model), input_ids, labels, position_ids, documents)[0].sums
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None, reference: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.preference
+        if self.mode == "reference":
+            return self.reference_logps(input_ids, labels, position_ids, documents)
+        if p.reference and reference is None:
+            reference = self.reference_logps(input_ids, labels, position_ids, documents)
+        hf = unwrap(self.model)
+        policy, out = self._logps(hf, input_ids, labels, position_ids, documents)
+        stats = pair_stats(p, policy, reference)
+        if self.collect is not None:
+            self.collect.append(PairStats(*(t.detach() for t in stats)))
+        return stats.loss + aux_loss(hf, out)
