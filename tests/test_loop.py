@@ -66,7 +66,7 @@ def test_evaluation_casts_weights_without_keeping_their_copies(monkeypatch):
     seen = []
 
     class Model(torch.nn.Module):
-        def forward(self, ids, labels, positions, documents):
+        def forward(self, ids, labels, positions, documents, reference=None):
             seen.append((torch.is_autocast_enabled("cpu"), torch.is_autocast_cache_enabled(), documents.tolist()))
             return torch.tensor(2.0)
 

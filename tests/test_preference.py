@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import COUNTING, cli_subprocess, counting_model
+from tunebench.cli import main
 
 CHATML = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
           "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
@@ -49,9 +50,10 @@ def cache(tmp_path, monkeypatch):
 
 
 def _train(local, out, *extra: str) -> dict:
+    store = () if "--store" in extra else ("--no-store",)
     p = cli_subprocess("train", "--model", str(local / "model"), "--data", str(local / "pairs.jsonl"), "--seq-len",
                        "32", "--batch-size", "8", "--device", "cpu", "--precision", "fp32", "--output-dir", str(out),
-                       "--no-store", "--json", *extra, timeout=300)
+                       *store, "--json", *extra, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout)
 
@@ -215,12 +217,16 @@ def test_a_preference_task_is_learned_and_the_eval_loss_is_the_saved_adapters(lo
 
     rec = _train(local, tmp_path / "out", "--objective", "dpo", "--method", "lora", "--lora-rank", "8", "--lr",
                  "5e-3", "--beta", "0.5", "--max-steps", "30", "--eval-data", str(local / "held.jsonl"),
-                 "--eval-every", "15")
+                 "--eval-every", "15", "--store", str(tmp_path / "r.db"), "--track", "tensorboard")
     job = rec["metrics"]["job"]
     assert job["preference"]["reward_accuracy"] > 0.9 and job["preference"]["pairs"] == 40
     assert job["preference"]["reward_margin"] > 0.5 and job["eval_perplexity"] is None
     assert [s for s, _ in job["preference_curve"]] == [0, 15, 30]
     assert job["preference_curve"][0][1]["reward_accuracy"] == 0.0  # the policy starts as the reference
+    assert list((tmp_path / "out" / "tensorboard").glob("events.*"))
+    assert main(["report", "--store", str(tmp_path / "r.db"), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "preference jobs" in md and f"{job['preference']['reward_accuracy']:.1%}" in md
     tok = AutoTokenizer.from_pretrained(local / "model")
     base = AutoModelForCausalLM.from_pretrained(local / "model", dtype=torch.float32)
     policy = PeftModel.from_pretrained(base, tmp_path / "out" / "adapter").eval()
@@ -265,15 +271,31 @@ def test_resumed_equals_uninterrupted_with_the_reference_precomputed(local, tmp_
 
 
 def test_packed_pairs_give_the_loss_of_pairs_apart(local, tmp_path):
-    """Six pairs in one packed row pair, or six row pairs: the same first loss (SimPO: the policy alone decides it),
-    and no pair attends to another's tokens."""
+    """Six pairs in one packed row pair, or six row pairs: the same loss (SimPO: the policy alone decides it), through
+    the job's own build and batches; no pair attends to another's tokens."""
+    from transformers import AutoTokenizer
+
+    from tunebench.config import TrainConfig
+    from tunebench.data.batches import eval_batches
+    from tunebench.data.prepare import fullest_row_of, split_and_prepare
+    from tunebench.dist import DistContext
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import Outcome, build_trainable
+
     six = tmp_path / "six.jsonl"
     six.write_text("".join(x + "\n" for x in (local / "pairs.jsonl").read_text().splitlines()[:6]))
-    common = ("--data", str(six), "--objective", "simpo", "--method", "full", "--max-steps", "1", "--warmup", "0")
-    apart = _train(local, tmp_path / "a", *common, "--seq-len", "16", "--batch-size", "6")
-    packed = _train(local, tmp_path / "b", *common, "--seq-len", "128", "--batch-size", "1", "--packing")
-    assert packed["metrics"]["job"]["data"]["rows"] == 1 and apart["metrics"]["job"]["data"]["rows"] == 6
-    assert packed["metrics"]["losses"][0] == pytest.approx(apart["metrics"]["losses"][0], abs=1e-5)
+    tok = AutoTokenizer.from_pretrained(local / "model")
+    losses = []
+    for seq, pack, batch in ((16, False, 6), (128, True, 1)):
+        cfg = TrainConfig(model=str(local / "model"), data=str(six), objective="simpo", method="full", seq_len=seq,
+                          packing=pack, batch_size=batch, device="cpu", precision="fp32")
+        rows, _ = split_and_prepare(cfg, tok)
+        assert rows.rows == (1 if pack else 6)
+        t = build_trainable(preflight(cfg), Outcome(), DistContext(), masked_labels=True,
+                            per_row=fullest_row_of(rows) if pack else 1)
+        with torch.no_grad():
+            losses.append(float(t.module(*next(eval_batches(rows, batch, torch.device("cpu"))))))
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5)
 
 
 def test_chat_pairs_train_on_the_last_answer_and_damaged_rows_are_counted(tmp_path):

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from tunebench.data.prepare import Prepared, fullest_row_of
+from tunebench.data.rows import IGNORE
 from tunebench.engine.data import Batch, documents_of
 from tunebench.errors import UserError
 
@@ -88,13 +89,19 @@ class DatasetBatches:
 
 def eval_batches(prepared: Prepared, batch_size: int, device: torch.device, rank: int = 0, world_size: int = 1,
                  limit: int | None = None, reference: np.ndarray | None = None) -> Iterator[Batch]:
-    """This rank's share of the validation rows, in order (at most `limit` batches per rank)."""
+    """This rank's share of the validation rows, in order (at most `limit` batches per rank). Every rank runs as many
+    batches: a shorter share repeats its last row with no label (sharded weights are gathered in every forward, so a
+    rank with one batch fewer would leave the others waiting)."""
     ids, labels, positions = prepared.arrays()
     examples = 0 if positions is None else capacity(prepared, batch_size)
-    share = range(rank, len(ids), world_size)
+    share = list(range(rank, len(ids), world_size))
+    real = len(share)
+    share += [share[-1] if share else 0] * (-(-len(ids) // world_size) - real)
     for n, i in enumerate(range(0, len(share), batch_size)):
         if limit is not None and n >= limit:
             return
         rows = np.asarray(share[i:i + batch_size])
-        yield _batch(device, ids[rows], labels[rows], None if positions is None else positions[rows], examples,
+        kept = np.array(labels[rows])
+        kept[np.arange(i, i + len(rows)) >= real] = IGNORE  # a repeated row counts nothing
+        yield _batch(device, ids[rows], kept, None if positions is None else positions[rows], examples,
                      None if reference is None else reference[rows])

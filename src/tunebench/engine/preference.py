@@ -29,8 +29,9 @@ here trains on the answers alone (TRL's ORPOTrainer also counts the prompt's).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -192,8 +193,14 @@ def _smoothed(x: torch.Tensor, beta: float, eps: float) -> torch.Tensor:
     return -F.logsigmoid(beta * x) * (1 - eps) - F.logsigmoid(-beta * x) * eps
 
 
+LOG_PROB_CEILING = -1e-6  # an average log-probability this close to 0 is taken as this: log(1 - p) stays finite
+
+
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 - exp(x)) for x < 0, accurate at both ends."""
+    """log(1 - exp(x)) for x < 0, each side of -ln 2 by the form without cancellation (TRL's). x is held below
+    LOG_PROB_CEILING first: an answer the model is certain of (an average of 0 in fp32) would give -inf, and its
+    gradient, through the branch not taken too, NaN."""
+    x = x.clamp(max=LOG_PROB_CEILING)
     return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
@@ -273,6 +280,7 @@ class PreferenceLM(nn.Module):
         # "reference": forward returns the reference's answer sums instead of the loss (precomputing them, through
         # whatever wraps this module: FSDP2 gathers the root's weights in its forward hooks only)
         self.mode = "train"
+        self._dropout: bool | None = None  # the model has dropout somewhere (found at the first reference pass)
 
     def _logps(self, hf: nn.Module, input_ids, labels, position_ids, documents) -> tuple[AnswerLogps, object]:
         out = hidden_states(hf, input_ids, position_ids, documents, router_logits=torch.is_grad_enabled())
@@ -283,14 +291,33 @@ class PreferenceLM(nn.Module):
     def reference_logps(self, input_ids, labels, position_ids=None, documents=None) -> torch.Tensor:
         """The reference model's answer sums (2B, K), without gradients: the frozen copy, the adapters disabled, or
         (full fine-tuning precomputing them before its first step) the model itself."""
-        with torch.no_grad():
+        with torch.no_grad(), self._deterministic():
             if self._reference:
                 return self._reference[0](lambda m, *a: self._logps(m, *a)[0].sums, input_ids, labels, position_ids,
                                           documents)
             if not hasattr(self.model, "disable_adapter"):
+                if self.mode != "reference":  # the model itself is the reference only before it trains
+                    raise RuntimeError("dpo without a reference: no adapters to disable, no frozen copy, and no "
+                                       "precomputed log-probabilities in the batch")
                 return self._logps(unwrap(self.model), input_ids, labels, position_ids, documents)[0].sums
             with self.model.disable_adapter():
                 return self._logps(unwrap(self.model), input_ids, labels, position_ids, documents)[0].sums
+
+    @contextlib.contextmanager
+    def _deterministic(self) -> Iterator[None]:
+        """The reference without dropout (TRL's default too): eval mode around its pass where the model has any
+        dropout; left alone otherwise (a compiled block's mode is in its guards: a switch would trace it again)."""
+        if self._dropout is None:
+            self._dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.model.modules()) or any(
+                float(getattr(unwrap(self.model).config, k, 0) or 0) > 0 for k in ("attention_dropout", "dropout"))
+        if not self._dropout or not self.training:
+            yield
+            return
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train()
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None,
                 documents: torch.Tensor | None = None, reference: torch.Tensor | None = None) -> torch.Tensor:

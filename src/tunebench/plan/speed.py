@@ -189,7 +189,8 @@ def _fsdp(w: Workload, hw: Hardware) -> float:
     n, world, nodes, group = w.trainable, w.world, w.cfg.nnodes, w.shard_group
     spans = -(-group // (world // nodes))  # nodes one shard group spans
     inside = (group - 1) / group
-    t = w.cfg.grad_accum * inside * 2 * w.gathered_bytes / hw.collective("all_gather", spans)
+    gathers = 2 + w.reference_forward  # forward, backward, and DPO's reference forward (its copy, or the base)
+    t = w.cfg.grad_accum * inside * gathers * w.gathered_bytes / hw.collective("all_gather", spans)
     t += inside * 4 * n / hw.collective("reduce_scatter", spans)
     if group < world:
         replicas = world // group

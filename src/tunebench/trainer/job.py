@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from tunebench.data.batches import DatasetBatches, Position
-from tunebench.data.prepare import Prepared
+from tunebench.data.prepare import Prepared, fullest_row_of
 from tunebench.dist import SINGLE, DistContext
 from tunebench.engine import checkpoint
 from tunebench.engine.loop import LoopSpec, run_loop
@@ -54,7 +54,7 @@ def _resume(inputs: JobInputs, t, sched, ctx: DistContext) -> tuple[int, Positio
 def _run(plan: Plan, inputs: JobInputs, out: Outcome, started: float, ctx: DistContext) -> None:
     cfg, device = plan.cfg, plan.device
     train, held = _prepared(inputs.data), _prepared(inputs.eval)
-    t = build_trainable(plan, out, ctx, masked_labels=True, per_row=_pairs_per_row(train))
+    t = build_trainable(plan, out, ctx, masked_labels=True, per_row=max(_pairs_per_row(train), _pairs_per_row(held)))
     sched = scheduler(t.ts.optimizer, cfg.schedule, cfg.warmup_steps, inputs.total)
     start, pos, state = _resume(inputs, t, sched, ctx)
     reference = held_reference = None
@@ -104,9 +104,11 @@ def _run(plan: Plan, inputs: JobInputs, out: Outcome, started: float, ctx: DistC
     out.loop.losses = state.history + out.loop.losses  # the whole job's curve, resumed steps included
 
 
-def _pairs_per_row(prepared: Prepared) -> int:
-    """Preference pairs a packed row pair holds at most (1 unpacked, or for other data)."""
-    return int(prepared.stats.get("fullest_row", 1)) if prepared.stats.get("packing") else 1
+def _pairs_per_row(prepared: Prepared | None) -> int:
+    """Preference pairs a packed row pair holds at most (1 unpacked, or for other data, or none)."""
+    if prepared is None or not prepared.stats.get("packing"):
+        return 1
+    return fullest_row_of(prepared)
 
 
 def _trackers(cfg, ctx: DistContext):

@@ -2,8 +2,9 @@
 validation pairs) and its reference log-probabilities precomputed in one pass (`precompute_reference`).
 
 The precomputed values are the reference's at the job's start: the base with its adapters disabled (LoRA, QLoRA),
-or the model itself before its first step (full fine-tuning). They are kept in output_dir/reference/ (written aside,
-then renamed), so that a resumed job reads them back instead of asking an already trained model.
+or the model itself before its first step (full fine-tuning). They are kept in output_dir/reference/ (the values,
+then the key they were computed for, each written aside and renamed), so that a resumed job reads them back instead
+of asking an already trained model.
 """
 
 from __future__ import annotations
@@ -117,7 +118,10 @@ def reference_values(module, prepared: Prepared | None, cfg, device: torch.devic
     folder = Path(cfg.output_dir) / "reference"
     key = {"rows": prepared.stats.get("fingerprint"), "path": Path(prepared.path).name, "seq_len": cfg.seq_len}
     kept = _read(folder, what, key)
-    if kept is not None:
+    everywhere = torch.tensor([0.0 if kept is None else 1.0], device=device)
+    if ctx.active and ctx.world_size > 1:  # every rank computes (its collectives) or none does
+        torch.distributed.all_reduce(everywhere, op=torch.distributed.ReduceOp.MIN)
+    if float(everywhere) > 0:
         return kept
     if resumed and cfg.method == "full":
         raise UserError(f"cannot resume: the reference log-probabilities precomputed at the job's start are missing "
@@ -138,7 +142,10 @@ def _read(folder: Path, what: str, key: dict[str, Any]) -> np.ndarray | None:
 
 
 def _write(folder: Path, what: str, key: dict[str, Any], values: np.ndarray) -> None:
+    """The values, then their key (each written aside and renamed): the old key goes first, so a write cut between
+    the two leaves values without a key, computed again, never new values under an old key."""
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{what}.json").unlink(missing_ok=True)
     target = folder / f"{what}.npy"
     tmp = temp_beside(target)
     with open(tmp, "wb") as f:

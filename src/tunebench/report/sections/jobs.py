@@ -30,9 +30,28 @@ def section(ctx: ReportContext) -> Section | None:
     s = Section("Training jobs", [t, "Time is training time (steps x tokens per step / the job's measured tokens/s; "
                                      "evaluation and checkpoints left out); predicted time is the same tokens at the "
                                      "tokens/s of the stored benchmark of the same workload on the same GPU."])
+    if pairs := _preference(ctx, jobs):
+        s.add(pairs)
     if (p := plots.loss_curves(jobs, ctx.out, ctx.names)):
         s.add(Figure(p))
     return s
+
+
+def _preference(ctx: ReportContext, jobs: list) -> Table | None:
+    """Preference jobs' last evaluation: the rewards of the chosen and rejected answers, their margin, the share of
+    pairs whose chosen answer wins."""
+    rows = [r for r in jobs if r.metrics.job.preference]
+    if not rows:
+        return None
+    t = Table(["job", "objective", "eval loss", "reward accuracy", "reward margin", "rewards chosen / rejected",
+               "pairs"], title="preference jobs: the validation pairs at the last evaluation")
+    for r in rows:
+        p = r.metrics.job.preference
+        t.add(ctx.label(r), r.config.get("objective", "sft"), fmt(p.get("loss"), ".4f"),
+              fmt(p.get("reward_accuracy"), ".1%"), fmt(p.get("reward_margin"), ".4f"),
+              f"{fmt(p.get('rewards_chosen'), '.4f')} / {fmt(p.get('rewards_rejected'), '.4f')}",
+              fmt(p.get("pairs"), ","))
+    return t
 
 
 def _scores(evaluations: list[dict]) -> str:
