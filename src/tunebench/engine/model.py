@@ -61,9 +61,9 @@ class CausalLMWithLoss(nn.Module):
 
 
 def eager_if_whole(module: nn.Module) -> contextlib.AbstractContextManager:
-    """A model compiled whole (compile_scope model) is evaluated eagerly: not a second, no-grad graph of the whole
-    model beside the training one; with one on an H200 (torch 2.11) the training graph then failed to compile
-    (dynamo's assertion in the fused loss). Blocks compiled one by one are evaluated compiled."""
+    """A model compiled whole (compile_scope model) is evaluated eagerly: a second, no-grad graph of the whole model
+    beside the training one made the training graph fail to compile (dynamo's assertion in the fused loss). Blocks
+    compiled one by one are evaluated compiled."""
     whole = any(isinstance(m, CausalLMWithLoss) and getattr(m, "_compiled_call_impl", None) is not None
                 for m in module.modules())
     return torch.compiler.set_stance("force_eager") if whole else contextlib.nullcontext()
