@@ -25,9 +25,10 @@ def _run(store, *argv: str, timeout: float = 300) -> dict:
     return json.loads(p.stdout)
 
 
-# DeepSpeed's two stages (their own engine and optimizer wrapper); LoRA under DDP runs in test_api and the README's
-# example, under FSDP2 in test_fsdp_built_on_meta_starts_where_a_whole_build_does
-@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+# DeepSpeed's engine and optimizer wrapper; LoRA under DDP runs in test_api and the README's example, under FSDP2 in
+# test_fsdp_built_on_meta_starts_where_a_whole_build_does, adapters under ZeRO-3 in test_sharded_qlora_same_losses_as_ddp
+# and test_train's resume (zero3 passes this test too; left out for the suite's time)
+@pytest.mark.parametrize("strategy", ["zero2"])
 def test_lora_record_aggregates_ranks(tmp_path, strategy):
     rec = _run(tmp_path / "r.db", "--method", "lora", "--strategy", strategy, "--nproc-per-node", "2")
     m = rec["metrics"]

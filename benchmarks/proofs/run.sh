@@ -76,6 +76,16 @@ distributed-4gpu)  # TinyGPT DDP and ZeRO-2 against the plain scripts, 1 -> NPRO
   done
   python3 benchmarks/probes/multinode_estimate.py
   ;;
+long-context)  # Llama-3.1-8B QLoRA r32 b1: the chunked MLP against the traced checkpoint (four blocks, then all 32 at
+  # 64k), and the longest context with the blocks' inputs offloaded (one step: ~7 minutes at 344k)
+  LC="python3 benchmarks/probes/long_context.py --max-positions 1048576"
+  $LC --layers 4 --steps 2 --warmup 1 --seq-lens 65536,131072 --variant "ckpt=--grad-ckpt" \
+    --variant "chunk=--grad-ckpt --mlp-chunk 8192" --out "$OUT/long_context_4.json"
+  $LC --steps 3 --warmup 1 --seq-lens 65536 --variant "chunk=--grad-ckpt --mlp-chunk 8192" \
+    --variant "chunk+off=--grad-ckpt --mlp-chunk 8192 --offload activations" --out "$OUT/long_context_64k.json"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $LC --steps 1 --warmup 0 --seq-lens "${SEQ:-344064}" \
+    --variant "chunk+off=--grad-ckpt --mlp-chunk 8192 --offload activations" --out "$OUT/long_context_max.json"
+  ;;
 preference)  # DPO (LoRA, QLoRA) on Llama-3.1-8B against TRL's DPOTrainer, s1024, 4 pairs a step; ours as TRL is
   # checkpointed (traced), with Hugging Face's checkpoint around the blocks, and with the kept inputs offloaded
   for m in ${METHODS:-lora qlora}; do

@@ -16,7 +16,8 @@ returns; the record keeps what was chosen (metrics.precision, compile_scope, cud
                      compile_scope's: the passes replayed as CUDA graphs, one launch each
   traced checkpoint  a checkpointed block recomputed whole, compiled apart, has its checkpoint traced inside the
                      compiled block (ckpt_traced), so backward's graph fuses the recompute; not where parameters are
-                     gathered inside each module's forward (zero3)
+                     gathered inside each module's forward (zero3), nor around a chunked MLP (mlp_chunk), which runs
+                     outside the graph
 
 Figures behind these rules: benchmarks/results/full-finetune.md and qlora-lora.md.
 """
@@ -51,8 +52,9 @@ def precision_for(device_type: str) -> str:
 
 def whole_model_by_default(cfg: RunConfig) -> bool:
     """compile_scope=auto (and cuda_graphs=auto) take the whole model as one graph for this workload."""
+    # a preference loss takes a count of tokens known from the data only; a chunked MLP runs outside the graph
     return (cfg.method == "full" and not cfg.grad_ckpt and cfg.float8 == "off" and cfg.offload == "none"
-            and cfg.objective == "sft")  # a preference loss takes a count of tokens known from the data only
+            and cfg.objective == "sft" and not cfg.mlp_chunk)
 
 
 def scope_if_compiled(cfg: RunConfig, strategy: Compiles) -> Scope:
@@ -100,7 +102,7 @@ def compile_scope(cfg: RunConfig, strategy: Compiles) -> Scope | None:
 def traces_whole_checkpoint(cfg: RunConfig, strategy: Compiles) -> bool:
     """A resolved config's blocks recomputed whole get their checkpoint traced inside the compiled block."""
     return (cfg.grad_ckpt and cfg.ckpt_traced and compile_scope(cfg, strategy) == "blocks"
-            and not strategy.gathers_per_module)
+            and not strategy.gathers_per_module and not cfg.mlp_chunk)
 
 
 def check_cuda_graphs(cfg: RunConfig, strategy: Compiles) -> None:

@@ -24,6 +24,7 @@ from tunebench.config import RunConfig
 from tunebench.console import say
 from tunebench.console.progress import ProgressFn
 from tunebench.dist import SINGLE, DistContext
+from tunebench.engine.chunked_mlp import chunk_mlps
 from tunebench.engine.data import SyntheticPairs, SyntheticTokens
 from tunebench.engine.loop import LoopResult, LoopSpec, run_loop
 from tunebench.engine.loss import is_fusable
@@ -139,6 +140,9 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     blocks = transformer_blocks(model, spec.num_layers)
     if cfg.method != "full":
         _adapted_base(model, blocks, head, cfg, scope, strategy)
+    if cfg.mlp_chunk and not chunk_mlps(blocks, cfg.mlp_chunk):
+        raise invalid("mlp_chunk", cfg.mlp_chunk, f"{spec.name}'s blocks have no dense MLP (a mixture of experts' "
+                      "routing reads every token of the batch)")
     if scope == "blocks":
         for block in blocks:  # per block, as torchtitan does: one small graph reused L times
             block.compile()

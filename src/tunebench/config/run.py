@@ -70,8 +70,11 @@ class RunConfig(BaseModel):
         1, ge=1, le=1024, description="with ckpt_keep matmuls: one checkpointed block in N keeps them, the others "
                                       "only their input", json_schema_extra=LATER)
     ckpt_traced: bool = Field(
-        True, description="with grad_ckpt and blocks compiled: a block recomputed whole has its checkpoint traced "
-                          "inside the compiled block (false: Hugging Face's, around the block)",
+        True, description="with grad_ckpt and blocks compiled: a whole block's checkpoint traced inside the "
+                          "compiled block (false: Hugging Face's, around it)",
+        json_schema_extra=LATER)
+    mlp_chunk: int | None = Field(
+        None, gt=0, description="each MLP on N tokens at a time, keeping its input only",
         json_schema_extra=LATER)
     dropout: float | None = Field(
         None, ge=0, lt=1, description="every dropout probability of the model set to this (unset: the model's own)",
@@ -166,6 +169,12 @@ class RunConfig(BaseModel):
         if self.tf32 and self.precision != "fp32":  # auto too: it computes in bf16 on GPUs
             raise ValueError(f"tf32 chooses how fp32 matmuls run: it needs precision=fp32 (precision={self.precision} "
                              "computes in 16 bits on GPUs)")
+        if self.mlp_chunk and self.ckpt_keep == "matmuls":
+            raise ValueError(f"mlp_chunk={self.mlp_chunk} with ckpt_keep=matmuls: the MLP's matmul outputs would be "
+                             "kept, which mlp_chunk exists not to keep (use ckpt_keep=input)")
+        if self.mlp_chunk and self.compile_scope == "model":
+            raise ValueError(f"mlp_chunk={self.mlp_chunk} with compile_scope=model: the chunked MLP runs outside "
+                             "the compiled graph (its backward calls autograd); use compile_scope=blocks")
         self._check_objective()
         return self._check_shape_and_nodes()
 

@@ -11,7 +11,7 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "batch, steps and optimizer": ("batch_size", "grad_accum", "seq_len", "steps", "warmup", "optimizer", "lr",
                                    "weight_decay", "grad_clip", "seed"),
     "precision and kernels": ("precision", "tf32", "float8", "attn", "attn_kernel"),
-    "memory": ("grad_ckpt", "ckpt_every", "ckpt_keep", "ckpt_keep_every", "ckpt_traced", "offload"),
+    "memory": ("grad_ckpt", "ckpt_every", "ckpt_keep", "ckpt_keep_every", "ckpt_traced", "offload", "mlp_chunk"),
     "compile": ("compile", "compile_scope", "cuda_graphs"),
     "several GPUs and nodes": ("strategy", "nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",
                                "shard_size", "timeout"),

@@ -81,7 +81,10 @@ def _mode(w: Workload) -> str:
 
 
 def _mlp(w: Workload, dense: float) -> float:
-    """The MLP's bytes per token: `dense` for a dense MLP of the model's width, else its experts' (module doc)."""
+    """The MLP's bytes per token: `dense` for a dense MLP of the model's width, else its experts' (module doc); a
+    chunked MLP keeps only its input (the norm's output: 16-bit after a frozen norm, fp32 after an fp32 one)."""
+    if w.chunked_mlp:
+        return w.residual_bytes * w.spec.hidden_size
     if not w.experts:
         return dense
     ex, h, mode = w.experts, w.spec.hidden_size, _mode(w)

@@ -220,7 +220,8 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     """Gradient temporaries of the block being differentiated (and its rebuilt activations when checkpointed)."""
     s = w.spec
     inner = w.mlp_width
-    temps = 2 * w.tokens * inner * w.compute_bytes
+    # the MLP's input gradients; chunked, one chunk's forward rebuilt beside them (gate, up, their product, SiLU's)
+    temps = (6 * w.chunked_mlp if w.chunked_mlp else 2 * w.tokens) * inner * w.compute_bytes
     if act.attention == "math":  # gradients of the S x S probabilities
         temps += 2 * w.cfg.rows_per_micro * s.num_heads * w.cfg.seq_len ** 2 * w.compute_bytes
     if w.checkpointed_share:

@@ -58,6 +58,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     passes = 2 + share - traced
     dense = c.block_matmul - c.active_experts  # what every token multiplies by at the dense GEMMs' efficiency
     blocks = dense * (6 if w.full else 4) + 2 * dense * again
+    if w.chunked_mlp:  # backward runs each chunk's forward again (engine.chunked_mlp)
+        blocks += 2 * w.mlp_matmul * w.layers
     # experts: their weight gradients where they train (full, or LoRA through peft's rebuilt weights)
     experts = c.active_experts * (6 if w.full or w.adapts_experts else 4) + 2 * c.active_experts * again
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)

@@ -153,6 +153,16 @@ class Workload:
         return any(t.kind == "experts" for t in self.targets)
 
     @property
+    def chunked_mlp(self) -> int:
+        """Tokens a dense block's MLP runs on at a time, keeping only its input (engine.chunked_mlp); 0: whole."""
+        return 0 if self.experts else min(self.cfg.mlp_chunk or 0, self.tokens)
+
+    @property
+    def mlp_matmul(self) -> int:
+        """One dense block's MLP weights a token multiplies by: gated (gate, up, down) or two layers (GPT-2)."""
+        return (3 if self.family == "llama" else 2) * self.spec.hidden_size * self.mlp_width
+
+    @property
     def mlp_width(self) -> int:
         """The MLP's width one token goes through: the dense intermediate size, or k experts' widths."""
         if self.experts:

@@ -143,6 +143,10 @@ class Strategy:
             # have to tell those apart from activations; not built
             raise UserError(f"invalid offload={cfg.offload} with strategy={self.name}: activations are offloaded "
                             "under single or ddp")
+        if cfg.mlp_chunk and not self.whole_weights:
+            # the MLP's weights are inputs of its autograd function, whole: FSDP2 and ZeRO-3 gather them per module
+            raise UserError(f"invalid mlp_chunk={cfg.mlp_chunk} with strategy={self.name}: the MLP is run in chunks "
+                            "under single or ddp (its weights whole on each GPU)")
         if cfg.shard_size is not None:
             if not self.hybrid:
                 raise UserError(f"invalid shard_size={cfg.shard_size} with strategy={self.name}: groups of shards "
