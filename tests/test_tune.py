@@ -146,6 +146,30 @@ def test_the_context_objective_grows_the_sequence_and_an_oom_bounds_its_levers()
     assert Objective("context").describe(tuner.value(later)) == "16,384 tokens of context"
 
 
+def test_a_context_search_on_a_gpu_tries_the_mlp_in_chunks_and_the_inputs_offloaded():
+    """The long-context levers (engine.chunked_mlp, engine.offload): tried for --goal context only, never with
+    blocks keeping their matmuls, never where the strategy refuses them; the planner lets them reach longer."""
+    from tunebench.tune.space import MLP_CHUNK, describe, memory_levers
+
+    base = RunConfig(model="llama-3.1-8b", method="qlora", lora_rank=32, batch_size=1, seq_len=16384, grad_ckpt=True)
+    assert memory_levers(base, "throughput") == ((None, "none"),)
+    levers = memory_levers(base, "context")
+    assert levers == ((None, "none"), (MLP_CHUNK, "none"), (MLP_CHUNK, "activations"))
+    space = Space(seq_lens=(16384, 65536, 262144), batches=(1,), compile=(True,),
+                  checkpointing=((True, 1, "input", 1), (True, 1, "matmuls", 8)), memory=levers)
+    shapes = structures(base, space)
+    assert not [s for s in shapes if s.mlp_chunk and s.ckpt_keep == "matmuls"]
+    assert {(s.mlp_chunk, s.offload) for s in shapes if s.ckpt_keep == "input"} == set(levers)
+    assert describe(next(s for s in shapes if s.offload == "activations")).endswith(f"mlp/{MLP_CHUNK} +off")
+    fsdp = structures(base, Space(worlds=(2,), strategies=("fsdp",), seq_lens=(16384,), batches=(1,),
+                                  compile=(True,), checkpointing=((True, 1),), memory=levers))
+    assert {(s.mlp_chunk, s.offload) for s in fsdp} == {(None, "none")}  # whole weights only (single, ddp)
+    longest = {m: max(s.seq_len for s in shapes if (s.mlp_chunk, s.offload) == m and s.ckpt_keep == "input"
+                      and _planner(s).mem.peak_allocated < H100.memory_bytes) for m in levers}
+    assert longest[(None, "none")] < longest[(MLP_CHUNK, "activations")] == 262144
+    assert Space.from_dict(space.as_dict()) == space
+
+
 def test_a_context_tune_on_the_cpu_writes_the_longest_that_trained(tb, tmp_path):
     code, stdout, err = _tune(tb, tmp_path / "t.db", tmp_path / "tune", "--goal", "context", "--max-runs", "2")
     assert code == 0, err

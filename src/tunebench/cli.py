@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--strategies", help="strategies to try (default every one that accepts the method)")
     tu.add_argument("--optimizers", help="optimizers to try (default the config's and adamw_fused)")
     tu.add_argument("--fixed", help="levers to keep as the config has them: any of strategy, checkpointing, "
-                                    "compile, optimizer, float8, batch (comma-separated; float8 is tried only "
-                                    "for full fine-tunes on GPUs with float8 tensor cores, with torchao)")
+                                    "compile, optimizer, float8, memory, batch (comma-separated; float8 is tried "
+                                    "only for full fine-tunes on GPUs with float8 tensor cores, with torchao; "
+                                    "memory, mlp_chunk and offload, for --goal context on GPUs)")
     tu.add_argument("--trial-warmup", type=int, default=5, help="untimed steps per candidate (5)")
     tu.add_argument("--trial-steps", type=int, default=8, help="timed steps per candidate (8)")
     tu.add_argument("--prices", help="price sheet YAML replacing the shipped one (objective cost, $ on the front)")

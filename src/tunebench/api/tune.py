@@ -33,7 +33,7 @@ from tunebench.store import Store, check_store
 from tunebench.strategies import STRATEGIES
 from tunebench.tune import Candidate, Objective, Point, Space, Tuner, front
 from tunebench.tune.search import key
-from tunebench.tune.space import cpu_space, describe, float8_levers, world_of
+from tunebench.tune.space import cpu_space, describe, float8_levers, memory_levers, world_of
 
 MANIFEST = ".tunebench-tune.json"  # what a tune wrote into its folder (files.claim_folder)
 CONTEXT_LIMIT = 1 << 20  # the longest sequence a context search tries where the model states no limit
@@ -232,6 +232,8 @@ def _space_here(s: Settings, gpu: gpus.Gpu | None) -> tuple[Space, list[str]]:
     if not space.float8:  # not held by --fixed: what this machine can run
         fp8 = float8_levers(s.base, bool(gpu and gpu.fp8), importlib.util.find_spec("torchao") is not None)
         space = replace(space, float8=fp8)
+    if not space.memory and gpu is not None:  # a CPU's host holds everything alike: nothing to move there
+        space = replace(space, memory=memory_levers(s.base, s.objective))
     return cpu_space(space) if gpu is None else (space, [])
 
 

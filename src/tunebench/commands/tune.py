@@ -53,6 +53,7 @@ def settings_from(args: argparse.Namespace):
                   if "checkpointing" in fixed
                   else CHECKPOINTING,
                   float8=(base.float8,) if "float8" in fixed else (),
+                  memory=((base.mlp_chunk, base.offload),) if "memory" in fixed else (),
                   batches=(base.batch_size,) if "batch" in fixed else (),
                   global_batch=_ints(str(args.global_batch), "global_batch")[0] if args.global_batch else None)
     return Settings(base, args.goal, 12 if args.max_runs is None else args.max_runs,

@@ -3,7 +3,8 @@
 A *structure* fixes everything but the micro-batch: strategy and world size, checkpointing (none, every block
 keeping its matmuls' outputs, one block in four or eight keeping them, every other block, every block), compile,
 optimizer, float8 (full fine-tunes on GPUs with float8 tensor cores, where torchao is installed; not under
-DeepSpeed), and the sequence length when the user lets it change (it changes the workload). Micro-batches are
+DeepSpeed), the long-context levers for the context objective (the MLP in chunks, the blocks' inputs offloaded to
+the host), and the sequence length when the user lets it change (it changes the workload). Micro-batches are
 powers of two; with a global batch held, the gradient accumulation follows (batch x accumulation x GPUs = global
 batch) and batches that do not divide it are left out.
 """
@@ -24,8 +25,11 @@ from tunebench.strategies import STRATEGIES
 CHECKPOINTING = ((False, 1, "input", 1), (True, 1, "matmuls", 1), (True, 1, "matmuls", 4), (True, 1, "matmuls", 8),
                  (True, 2, "input", 1), (True, 1, "input", 1))
 COMPILE_WORD = {True: " compile", "auto": " compile:auto", False: ""}
-LEVERS = ("strategy", "checkpointing", "compile", "optimizer", "float8", "batch")  # what --fixed can hold
+LEVERS = ("strategy", "checkpointing", "compile", "optimizer", "float8", "memory", "batch")  # what --fixed can hold
 MAX_BATCH = 1024
+# (mlp_chunk, offload): the context objective's memory levers on a GPU. A chunk this long keeps its MLP's matmuls
+# large enough for the tensor cores and its intermediates a small share of a long context's working set.
+MLP_CHUNK = 8192
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Space:
     global_batch: int | None = None  # samples per optimizer step, held across candidates
     max_batch: int = MAX_BATCH
     float8: tuple[str, ...] = ()  # empty: the config's own, and tensorwise where the machine can (`float8_levers`)
+    memory: tuple[tuple[int | None, str], ...] = ()  # (mlp_chunk, offload); empty: the config's own
     deepspeed_available: bool = True
     notes: list[str] = field(default_factory=list, compare=False)
 
@@ -51,13 +56,15 @@ class Space:
         return {"worlds": list(self.worlds), "strategies": list(self.strategies), "optimizers": list(self.optimizers),
                 "seq_lens": list(self.seq_lens), "compile": list(self.compile),
                 "checkpointing": [list(c) for c in self.checkpointing], "batches": list(self.batches),
-                "global_batch": self.global_batch, "max_batch": self.max_batch, "float8": list(self.float8)}
+                "global_batch": self.global_batch, "max_batch": self.max_batch, "float8": list(self.float8),
+                "memory": [list(m) for m in self.memory]}
 
     @classmethod
     def from_dict(cls, d: dict) -> Space:
         return cls(tuple(d["worlds"]), tuple(d["strategies"]), tuple(d["optimizers"]), tuple(d["seq_lens"]),
                    tuple(d["compile"]), tuple(tuple(c) for c in d["checkpointing"]), tuple(d["batches"]),
-                   d["global_batch"], d["max_batch"], float8=tuple(d.get("float8", ())))  # tunes stored before it
+                   d["global_batch"], d["max_batch"], float8=tuple(d.get("float8", ())),  # tunes stored before them
+                   memory=tuple(tuple(m) for m in d.get("memory", ())))
 
 
 def _strategies(base: RunConfig, space: Space, world: int) -> list[str]:
@@ -89,6 +96,17 @@ def float8_levers(base: RunConfig, fp8_gpu: bool, torchao: bool) -> tuple[str, .
     return (base.float8,)
 
 
+def memory_levers(base: RunConfig, objective: str) -> tuple[tuple[int | None, str], ...]:
+    """The context objective's (mlp_chunk, offload) settings on a GPU: the config's own, its MLP in chunks, and
+    also its saved activations in host memory (engine.chunked_mlp, engine.offload); other objectives keep the
+    config's own (a chunked MLP costs a forward; it buys length, not speed)."""
+    own = (base.mlp_chunk, base.offload)
+    if objective != "context" or base.offload == "optimizer":
+        return (own,)
+    return tuple(dict.fromkeys((own, (base.mlp_chunk or MLP_CHUNK, base.offload),
+                                (base.mlp_chunk or MLP_CHUNK, "activations"))))
+
+
 def cpu_space(space: Space) -> tuple[Space, list[str]]:
     """The levers worth a run on a machine without a GPU, and what was left out: compilation (minutes of C++ build
     per candidate, for a few percent) and the checkpointing variants that trade GPU memory for recomputation (the
@@ -106,6 +124,12 @@ def cpu_space(space: Space) -> tuple[Space, list[str]]:
 def _float8(base: RunConfig, space: Space, strategy: str, world: int) -> list[str]:
     values = space.float8 or (base.float8,)
     return [v for v in values if not cfg_refused(STRATEGIES[strategy], base.model_copy(update={"float8": v}), world)]
+
+
+def _memory(base: RunConfig, space: Space, strategy: str, world: int) -> list[tuple[int | None, str]]:
+    values = space.memory or ((base.mlp_chunk, base.offload),)
+    return [(chunk, offload) for chunk, offload in values if not cfg_refused(
+        STRATEGIES[strategy], base.model_copy(update={"mlp_chunk": chunk, "offload": offload}), world)]
 
 
 def _optimizers(base: RunConfig, space: Space, strategy: str) -> list[str]:
@@ -126,13 +150,16 @@ def structures(base: RunConfig, space: Space) -> list[RunConfig]:
                 continue  # one GPU runs single; sharding or replicating over one GPU only adds overhead
             if alone and world > 1:
                 continue
-            for opt, seq, comp, (ckpt, every, keep, keep_every), f8 in itertools.product(
+            for opt, seq, comp, (ckpt, every, keep, keep_every), f8, (chunk, offload) in itertools.product(
                     _optimizers(base, space, strategy), seq_lens, space.compile, space.checkpointing,
-                    _float8(base, space, strategy, world)):
+                    _float8(base, space, strategy, world), _memory(base, space, strategy, world)):
+                if chunk and keep == "matmuls":  # the matmuls' outputs a chunked MLP exists not to keep
+                    continue
                 out.append(base.model_copy(update={
                     "strategy": strategy, "nproc_per_node": None if alone else world // base.nnodes,
                     "optimizer": opt, "seq_len": seq, "compile": comp, "grad_ckpt": ckpt, "ckpt_every": every,
-                    "ckpt_keep": keep, "ckpt_keep_every": keep_every, "float8": f8,
+                    "ckpt_keep": keep, "ckpt_keep_every": keep_every, "float8": f8, "mlp_chunk": chunk,
+                    "offload": offload,
                     "ckpt_traced": base.ckpt_traced or not ckpt}))  # without checkpointing: the default
     if not out:
         raise UserError("nothing to tune: no strategy accepts this configuration at the world sizes asked")
@@ -167,4 +194,5 @@ def describe(cfg: RunConfig) -> str:
     ckpt = "no ckpt" if not cfg.grad_ckpt else ("ckpt" if cfg.ckpt_every == 1 else f"ckpt 1/{cfg.ckpt_every}")
     ckpt += kept_label(cfg.ckpt_keep, cfg.ckpt_keep_every)
     return (f"{cfg.strategy} x{world_of(cfg)} b{cfg.batch_size}x{cfg.grad_accum} s{cfg.seq_len} {ckpt}"
-            f"{COMPILE_WORD[cfg.compile]} {cfg.optimizer}" + ("" if cfg.float8 == "off" else f" float8:{cfg.float8}"))
+            f"{COMPILE_WORD[cfg.compile]} {cfg.optimizer}" + ("" if cfg.float8 == "off" else f" float8:{cfg.float8}")
+            + (f" mlp/{cfg.mlp_chunk}" if cfg.mlp_chunk else "") + (" +off" if cfg.offload == "activations" else ""))
