@@ -25,10 +25,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from trainer_clock import trainer_clock  # noqa: E402
 
 GIB = 1024**3
 VARIANTS = {"ckpt": dict(grad_ckpt=True), "none": dict(grad_ckpt=False),
@@ -82,7 +84,7 @@ def side_trl(a: argparse.Namespace) -> dict:
     import torch
     from datasets import load_dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
     from trl import DPOConfig, DPOTrainer
 
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
@@ -90,38 +92,21 @@ def side_trl(a: argparse.Namespace) -> dict:
     model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.bfloat16, quantization_config=quant)
     tok = AutoTokenizer.from_pretrained(a.model_dir)
 
-    class Clock(TrainerCallback):
-        t0 = t1 = None
-        losses: list[float] = []
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "loss" in logs and len(Clock.losses) < 3:
-                Clock.losses.append(logs["loss"])
-
-        def on_step_begin(self, args, state, control, **kw):
-            if state.global_step == a.warmup:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                Clock.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step == a.steps:
-                torch.cuda.synchronize()
-                Clock.t1 = time.perf_counter()
+    clock = trainer_clock(a.warmup, a.steps, cuda=True, reset_peak=True)
 
     args = DPOConfig(output_dir="/tmp/trl-dpo-bench", per_device_train_batch_size=a.batch_size, max_steps=a.steps,
                      max_length=a.seq_len, learning_rate=a.lr, logging_steps=1, save_strategy="no", report_to=[],
                      beta=0.1, seed=0)
     trainer = DPOTrainer(model=model, args=args, train_dataset=load_dataset("json", data_files=a.data)["train"],
-                         processing_class=tok, callbacks=[Clock()],
+                         processing_class=tok, callbacks=[clock],
                          peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
                                                 task_type="CAUSAL_LM"))
     out = trainer.train()
     pairs = (a.steps - a.warmup) * a.batch_size
-    return {"side": "trl", "status": "ok", "pairs_per_s": pairs / (Clock.t1 - Clock.t0),
+    return {"side": "trl", "status": "ok", "pairs_per_s": pairs / clock.seconds,
             "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB, "train_loss": out.training_loss,
-            "first_losses": Clock.losses, "optimizer": str(args.optim), "gradient_checkpointing":
+            "first_losses": clock.losses, "optimizer": str(args.optim), "gradient_checkpointing":
                 args.gradient_checkpointing,
             "trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)}
 

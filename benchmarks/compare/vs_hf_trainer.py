@@ -47,12 +47,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the profiler of vs_plain_gpt
 
+from trainer_clock import trainer_clock  # noqa: E402
 from vs_plain_gpt import print_profiles  # noqa: E402
 
 GIB = 1024**3
@@ -135,28 +135,11 @@ def _data(a: argparse.Namespace, vocab: int):
 def _trainer_run(a: argparse.Namespace, model, side: str) -> dict:
     """HF Trainer on `model` as a user runs it, timed over the steps after `warmup`."""
     import torch
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     cuda = a.device == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    class Clock(TrainerCallback):
-        t0 = t1 = None
-        losses: list[float] = []
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "loss" in logs and len(Clock.losses) < 3:
-                Clock.losses.append(logs["loss"])
-
-        def on_step_begin(self, args, state, control, **kw):
-            if state.global_step == a.warmup:
-                sync()
-                Clock.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step == a.steps:
-                sync()
-                Clock.t1 = time.perf_counter()
+    clock = trainer_clock(a.warmup, a.steps, cuda)
 
     args = TrainingArguments(
         output_dir="/tmp/hf-trainer-bench", per_device_train_batch_size=a.batch_size, gradient_accumulation_steps=1,
@@ -164,17 +147,17 @@ def _trainer_run(a: argparse.Namespace, model, side: str) -> dict:
         optim="paged_adamw_8bit" if a.method == "qlora" else "adamw_torch_fused",
         gradient_checkpointing=a.grad_ckpt and side != "unsloth", logging_steps=1, save_strategy="no",
         report_to=[], max_grad_norm=1.0, dataloader_pin_memory=cuda, use_liger_kernel=a.liger, seed=0, use_cpu=not cuda)
-    trainer = Trainer(model=model, args=args, train_dataset=_data(a, model.config.vocab_size), callbacks=[Clock()])
+    trainer = Trainer(model=model, args=args, train_dataset=_data(a, model.config.vocab_size), callbacks=[clock])
     whole_run = torch.cuda.max_memory_allocated() if cuda else None  # the model's load (Unsloth's: bf16, then 4-bit)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     out = trainer.train()
     timed = (a.steps - a.warmup) * a.batch_size * a.seq_len
-    return {"side": side, "status": "ok", "tokens_per_s": timed / (Clock.t1 - Clock.t0),
+    return {"side": side, "status": "ok", "tokens_per_s": timed / clock.seconds,
             "peak_alloc_gib": max(whole_run, torch.cuda.max_memory_allocated()) / GIB if cuda else None,
             "train_peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None,
-            "train_loss": out.training_loss, "first_losses": Clock.losses,
+            "train_loss": out.training_loss, "first_losses": clock.losses,
             "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
 

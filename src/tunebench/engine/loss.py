@@ -144,10 +144,12 @@ def _loss_and_grad_eager(logits: torch.Tensor, y: torch.Tensor, vocab: int, vali
     return total, g.to(dtype)
 
 
-def _loss_and_grad_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: torch.Tensor | None,
-                        dtype: torch.dtype, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same, written without in-place ops for inductor: one reduction and one pointwise kernel that read the
-    16-bit logits and write the 16-bit gradient, the fp32 logits never stored."""
+def token_ce_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, dtype: torch.dtype,
+                  softcap: float | None = None, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's cross-entropy in fp32 and d(ce)/d logits = softmax - onehot in `dtype` (tokens where `valid` is 0
+    count for nothing), written without in-place ops for inductor: one reduction and one pointwise kernel that read
+    the 16-bit logits and write the 16-bit gradient, the fp32 logits never stored. The SFT loss sums it; the
+    preference losses (engine.preference) take it token by token."""
     z = logits.float()
     capped = None
     if softcap is not None:
@@ -155,7 +157,7 @@ def _loss_and_grad_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid
         z = capped * softcap
     columns = torch.arange(z.shape[1], device=z.device)
     if z.shape[1] > vocab:
-        z = z.masked_fill(columns >= vocab, -torch.inf)
+        z = z.masked_fill(columns >= vocab, -torch.inf)  # the padded head's columns: no probability
     lse = torch.logsumexp(z, dim=-1)
     per_token = lse - z.gather(1, y[:, None]).squeeze(1)
     g = (z - lse[:, None]).exp() - (columns == y[:, None]).to(z.dtype)
@@ -163,7 +165,14 @@ def _loss_and_grad_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid
         per_token, g = per_token * valid, g * valid[:, None]
     if capped is not None:
         g = g * (1.0 - capped * capped)
-    return per_token.sum(), g.to(dtype)
+    return per_token, g.to(dtype)
+
+
+def _loss_and_grad_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: torch.Tensor | None,
+                        dtype: torch.dtype, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same as the in-place form, for inductor: the tokens' cross-entropies summed."""
+    per_token, g = token_ce_pure(logits, y, vocab, dtype, softcap, valid)
+    return per_token.sum(), g
 
 
 @functools.cache

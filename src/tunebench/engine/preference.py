@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tunebench.engine.loss import IGNORE, _capped, _compute_dtype, _padded, chunk_tokens, is_fusable
+from tunebench.engine.loss import IGNORE, _capped, _compute_dtype, _padded, chunk_tokens, is_fusable, token_ce_pure
 from tunebench.engine.model import aux_loss, hidden_states, unwrap
 
 OBJECTIVES = ("sft", "dpo", "simpo", "orpo")
@@ -90,29 +90,9 @@ class PairStats(NamedTuple):
 # --- the answers' log-probabilities -------------------------------------------------------------------------------
 
 
-def _token_ce_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, dtype: torch.dtype,
-                   softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(each token's cross-entropy in fp32, d(ce)/d logits = softmax - onehot in `dtype`), without in-place ops so
-    inductor makes one reduction and one pointwise kernel of it on GPUs."""
-    z = logits.float()
-    capped = None
-    if softcap is not None:
-        capped = torch.tanh(z / softcap)
-        z = capped * softcap
-    columns = torch.arange(z.shape[1], device=z.device)
-    if z.shape[1] > vocab:
-        z = z.masked_fill(columns >= vocab, -torch.inf)  # the padded head's columns: no probability
-    lse = torch.logsumexp(z, dim=-1)
-    ce = lse - z.gather(1, y[:, None]).squeeze(1)
-    g = (z - lse[:, None]).exp() - (columns == y[:, None]).to(z.dtype)
-    if capped is not None:
-        g = g * (1.0 - capped * capped)
-    return ce, g.to(dtype)
-
-
 @functools.cache
 def _token_ce_compiled() -> Callable:
-    return torch.compile(_token_ce_pure)
+    return torch.compile(token_ce_pure)
 
 
 def _token_ce(logits: torch.Tensor, y: torch.Tensor, vocab: int, dtype: torch.dtype,
@@ -120,7 +100,7 @@ def _token_ce(logits: torch.Tensor, y: torch.Tensor, vocab: int, dtype: torch.dt
     if logits.is_cuda:
         torch._dynamo.maybe_mark_dynamic(logits, 0)  # chunks' row counts vary: one graph for all of them
         return _token_ce_compiled()(logits, y, vocab, dtype, softcap)
-    return _token_ce_pure(logits, y, vocab, dtype, softcap)
+    return token_ce_pure(logits, y, vocab, dtype, softcap)
 
 
 class _FrozenHeadLogps(torch.autograd.Function):
