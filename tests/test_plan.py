@@ -505,9 +505,16 @@ def test_plan_max_answers_the_largest_batch_context_and_model_that_fit(tb):
     assert verdict(cfg.model_copy(update={"batch_size": b})) == "fits"
     assert verdict(cfg.model_copy(update={"batch_size": b + 1})) != "fits"
     code, out, err = tb(*base, "--max", "seq-len")
-    s = json.loads(out)["value"]
+    answer = json.loads(out)
+    s = answer["value"]
     assert code == 0 and s % 128 == 0 and verdict(cfg.model_copy(update={"seq_len": s})) == "fits"
     assert verdict(cfg.model_copy(update={"seq_len": s + 128})) != "fits"
+    # beside it, the longest with the long-context levers (the MLP in chunks, the inputs offloaded): here the
+    # model's positions bound it, and the host memory it needs is said
+    longer = answer["with_long_context_levers"]
+    assert longer["options"] == "--grad-ckpt --mlp-chunk 8192 --offload activations" and longer["value"] > s
+    levers = cfg.model_copy(update={"seq_len": longer["value"], "mlp_chunk": 8192, "offload": "activations"})
+    assert verdict(levers) == "fits" and longer["at_the_models_limit"] and longer["prediction"]["breakdown"]["host_bytes"] > 0
     code, out, err = tb(*base, "--max", "model-size")
     answer = json.loads(out)
     size = {n: workload(cfg.model_copy(update={"model": n}), 1).counts.total for n in PRESETS}

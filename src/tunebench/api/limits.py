@@ -31,6 +31,10 @@ class Limit:
     at_least: bool = False  # the search's own bound was reached: the answer is a lower bound
     note: str = ""
     tried: list[tuple[int | str, Prediction | None, str]] = field(default_factory=list)  # (size, plan, refused)
+    # seq-len: the longest with the long-context levers the configuration does not use (their options, the length,
+    # its plan, whether the model's positions bound it); None where they reach no further or cannot run under its
+    # strategy
+    longer: tuple[str, int, Prediction, bool] | None = None
 
     def planned(self, size: int | str | None) -> Prediction | None:
         return next((p for s, p, _ in self.tried if s == size), None) if size is not None else None
@@ -96,10 +100,39 @@ def largest(cfg: RunConfig, what: str, gpu: str | None = None, world: int | None
         limit.at_least = capped and not positions
         if capped and positions:
             limit.note = f"the model's own limit ({positions:,} positions): memory would allow more"
+        elif not capped:
+            limit.longer = _with_long_context_levers(cfg, value or 0, top, target, n, hw)
     limit.value = value
     limit.prediction = limit.planned(value)
     limit.tried.sort(key=lambda t: t[0])
     return limit
+
+
+def _with_long_context_levers(cfg: RunConfig, longest: int, top: int, gpu, world: int,
+                              hw) -> tuple[str, int, Prediction, bool] | None:
+    """The longest sequence with every block checkpointed, its MLP in chunks and the blocks' inputs in host memory
+    (engine.chunked_mlp, engine.offload), where that reaches further than `longest` and the strategy runs them."""
+    from tunebench.strategies import STRATEGIES
+    from tunebench.tune.space import MLP_CHUNK
+
+    levers = {"grad_ckpt": True, "ckpt_every": 1, "ckpt_keep": "input", "ckpt_keep_every": 1,
+              "mlp_chunk": cfg.mlp_chunk or MLP_CHUNK, "offload": "activations"}
+    if all(getattr(cfg, k) == v for k, v in levers.items()) or not STRATEGIES[cfg.strategy].whole_weights:
+        return None
+    base = cfg.model_copy(update=levers)
+    plans: dict[int, Prediction] = {}
+
+    def fits(variant: RunConfig) -> bool:
+        p, _ = _plan(variant, gpu, world, hw)
+        if p is not None:
+            plans[variant.seq_len] = p
+        return p is not None and p.verdict == "fits"
+
+    value, capped = _grow(lambda s: base.model_copy(update={"seq_len": s}), SEQ_STEP, top, SEQ_STEP, fits)
+    if value is None or value <= longest:
+        return None
+    options = f"--grad-ckpt --mlp-chunk {levers['mlp_chunk']} --offload activations"
+    return options, value, plans[value], capped
 
 
 def _largest_model(cfg: RunConfig, limit: Limit, fits) -> Limit:

@@ -111,8 +111,12 @@ def _largest(args: argparse.Namespace, cfg: RunConfig, store) -> int:
     lim = largest(cfg, args.max, args.gpu, None, store)
     p = lim.prediction
     if args.json:
+        longer = None
+        if lim.longer:
+            options, size, q, capped = lim.longer
+            longer = {"options": options, "value": size, "at_the_models_limit": capped, "prediction": q.as_dict()}
         print(json.dumps({"max": lim.what, "value": lim.value, "at_least": lim.at_least, "note": lim.note or None,
-                          "prediction": p.as_dict() if p else None,
+                          "prediction": p.as_dict() if p else None, "with_long_context_levers": longer,
                           "tried": [{"size": size, "verdict": q.verdict if q else None,
                                      "memory_needed_bytes": int(q.mem.total) if q else None,
                                      "tokens_per_s": q.tokens_per_s if q else None, "refused": why or None}
@@ -131,6 +135,11 @@ def _largest(args: argparse.Namespace, cfg: RunConfig, store) -> int:
         label = label.split(" ", 1)[1]
     on = p.hw.gpu.name if p else args.gpu or "this machine's GPU"
     print(f"tunebench plan --max {lim.what}: {label} on {on}: {head}", file=args.stdout)
+    if lim.longer:
+        options, size, q, capped = lim.longer
+        print(f"  with {options}: {size:,}, needing {gib(q.mem.total)} and {gib(q.mem.host_bytes)} of host memory, "
+              f"at {fmt(q.tokens_per_s, ',.0f')} tokens/s" + (" (the model's own limit: memory would allow more)"
+                                                               if capped else ""), file=args.stdout)
     tab = Table([lim.what, "verdict", "needs", "tokens/s", "refused"], title="the sizes planned")
     for size, q, why in lim.tried:
         tab.add(f"{size:,}" if isinstance(size, int) else size, q.verdict if q else "-",
