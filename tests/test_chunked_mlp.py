@@ -97,11 +97,13 @@ def test_the_mlp_keeps_only_its_input():
         torch.testing.assert_close(mlp(x), y.detach())
 
 
-@pytest.mark.parametrize("fields", [dict(method="full"), dict(method="lora", grad_ckpt=True)])
+@pytest.mark.parametrize("fields", [dict(method="full"), dict(method="lora", grad_ckpt=True),
+                                    dict(method="full", objective="dpo")])
 def test_training_takes_the_losses_of_the_whole_mlp(fields):
     """Full fine-tuning (the MLP's own weights through the function), LoRA under checkpointing (the block's forward
-    runs again in backward, the MLP's a third time). (With dropout the masks are drawn slice by slice, another draw
-    than the whole MLP's: the slices' own gradients are checked above.)"""
+    runs again in backward, the MLP's a third time), DPO's frozen reference (its MLPs chunked without gradients).
+    (With dropout the masks are drawn slice by slice, another draw than the whole MLP's: the slices' own gradients
+    are checked above.)"""
     whole = run(RunConfig(**BASE | fields))
     chunked = run(RunConfig(**BASE | fields | dict(mlp_chunk=10)))
     assert chunked.status == "ok", chunked.error
@@ -137,9 +139,9 @@ def test_the_planner_counts_one_chunk_of_the_mlp_and_its_forward_again():
 
     base = dict(model="llama-3.1-8b", method="qlora", lora_rank=32, batch_size=1, seq_len=65536, grad_ckpt=True)
     whole, chunked = (plan(RunConfig(**base | extra), gpu="H100-80GB") for extra in ({}, dict(mlp_chunk=8192)))
-    h = chunked.workload.spec.hidden_size
-    # a block keeps the MLP's 16-bit input in place of its intermediates (4 x 14336 bytes a token compiled)
-    assert whole.mem.activations.per_layer - chunked.mem.activations.per_layer == pytest.approx(4 * 14336 - 2 * h)
+    # a block keeps none of the MLP's intermediates (4 x 14336 bytes a token compiled); its input is the norm's
+    # output, counted with the norms
+    assert whole.mem.activations.per_layer - chunked.mem.activations.per_layer == pytest.approx(4 * 14336)
     assert chunked.mem.peak_allocated < 0.75 * whole.mem.peak_allocated
     assert chunked.tokens_per_s < whole.tokens_per_s  # one more MLP forward a step
     assert chunked.workload.chunked_mlp == 8192 and whole.workload.chunked_mlp == 0
@@ -160,3 +162,10 @@ def test_offload_reuses_its_host_buffers_at_their_exact_sizes():
     c = pool.take(torch.Size([3, 5]), torch.bfloat16)
     assert b.data_ptr() == address and c.data_ptr() != address and made == [30, 30]
     assert b.shape == (15,) and b.dtype == torch.float16
+    pool.give(b)
+    pool.next_step()  # b's buffer was taken in the step before: kept
+    assert pool.free[30] and pool.take(torch.Size([15]), torch.float16).data_ptr() == address
+    pool.give(c)
+    pool.next_step()
+    pool.next_step()  # c's buffer not taken for a whole step: released (shapes that changed do not pile up)
+    assert not pool.free[30]

@@ -168,6 +168,11 @@ def test_a_context_search_on_a_gpu_tries_the_mlp_in_chunks_and_the_inputs_offloa
                       and _planner(s).mem.peak_allocated < H100.memory_bytes) for m in levers}
     assert longest[(None, "none")] < longest[(MLP_CHUNK, "activations")] == 262144
     assert Space.from_dict(space.as_dict()) == space
+    # no chunks where the MLP cannot be chunked: a mixture of experts' only, or the whole model one graph
+    moe = RunConfig(model="mixtral-8x7b", method="lora", batch_size=1, seq_len=16384, grad_ckpt=True)
+    assert memory_levers(moe, "context") == ((None, "none"), (None, "activations"))
+    whole = base.model_copy(update={"method": "full", "grad_ckpt": False, "compile_scope": "model"})
+    assert all(chunk is None for chunk, _ in memory_levers(whole, "context"))
 
 
 def test_a_context_tune_on_the_cpu_writes_the_longest_that_trained(tb, tmp_path):

@@ -206,6 +206,8 @@ def reference_model(frozen, cfg: RunConfig, strategy: Strategy, device: torch.de
     model = frozen.model if isinstance(frozen, MetaBuild) else frozen
     model.eval().requires_grad_(False)
     blocks = transformer_blocks(model, num_layers)
+    if cfg.mlp_chunk:  # its forward without gradients, a chunk at a time: no MLP-wide tensor of every token
+        chunk_mlps(blocks, cfg.mlp_chunk)
     holder = FrozenReference(model)
     if strategy.shards == "everything":
         from tunebench.strategies.fsdp import shard_frozen

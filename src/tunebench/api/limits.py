@@ -108,18 +108,32 @@ def largest(cfg: RunConfig, what: str, gpu: str | None = None, world: int | None
     return limit
 
 
+# the long-context levers, each with the option that sets it
+_LEVER_FLAGS = {"grad_ckpt": "--grad-ckpt", "ckpt_every": "--ckpt-every", "ckpt_keep": "--ckpt-keep",
+                "ckpt_keep_every": "--ckpt-keep-every", "compile_scope": "--compile-scope", "mlp_chunk": "--mlp-chunk",
+                "offload": "--offload"}
+
+
 def _with_long_context_levers(cfg: RunConfig, longest: int, top: int, gpu, world: int,
                               hw) -> tuple[str, int, Prediction, bool] | None:
-    """The longest sequence with every block checkpointed, its MLP in chunks and the blocks' inputs in host memory
-    (engine.chunked_mlp, engine.offload), where that reaches further than `longest` and the strategy runs them."""
+    """The longest sequence with every block checkpointed, its MLP in chunks (where it has a dense one) and the
+    blocks' inputs in host memory (engine.chunked_mlp, engine.offload), where that reaches further than `longest`
+    and the strategy runs them. Its options: those that differ from the configuration's."""
     from tunebench.strategies import STRATEGIES
-    from tunebench.tune.space import MLP_CHUNK
+    from tunebench.tune.space import MLP_CHUNK, has_dense_mlp
 
-    levers = {"grad_ckpt": True, "ckpt_every": 1, "ckpt_keep": "input", "ckpt_keep_every": 1,
-              "mlp_chunk": cfg.mlp_chunk or MLP_CHUNK, "offload": "activations"}
-    if all(getattr(cfg, k) == v for k, v in levers.items()) or not STRATEGIES[cfg.strategy].whole_weights:
+    levers: dict = {"grad_ckpt": True, "ckpt_every": 1, "ckpt_keep": "input", "ckpt_keep_every": 1}
+    if has_dense_mlp(cfg):
+        levers |= {"mlp_chunk": cfg.mlp_chunk or MLP_CHUNK,
+                   "compile_scope": "blocks" if cfg.compile_scope == "model" else cfg.compile_scope}
+    levers["offload"] = "activations"
+    changed = {k: v for k, v in levers.items() if getattr(cfg, k) != v}
+    if not changed or not STRATEGIES[cfg.strategy].whole_weights:
         return None
-    base = cfg.model_copy(update=levers)
+    try:
+        base = RunConfig.model_validate(cfg.model_dump() | changed)
+    except ValueError:
+        return None
     plans: dict[int, Prediction] = {}
 
     def fits(variant: RunConfig) -> bool:
@@ -131,7 +145,7 @@ def _with_long_context_levers(cfg: RunConfig, longest: int, top: int, gpu, world
     value, capped = _grow(lambda s: base.model_copy(update={"seq_len": s}), SEQ_STEP, top, SEQ_STEP, fits)
     if value is None or value <= longest:
         return None
-    options = f"--grad-ckpt --mlp-chunk {levers['mlp_chunk']} --offload activations"
+    options = " ".join(_LEVER_FLAGS[k] if v is True else f"{_LEVER_FLAGS[k]} {v}" for k, v in changed.items())
     return options, value, plans[value], capped
 
 

@@ -54,8 +54,9 @@ class _Chunked(torch.autograd.Function):
                 if dx is not None:
                     dx[start:start + part.shape[0]] = got.pop(0)
                 for k, g in enumerate(got):
-                    if g is not None:
-                        dw[k] = g if dw[k] is None else dw[k].add_(g)
+                    if g is not None:  # summed in fp32, rounded once (16-bit weights under bf16-pure)
+                        dw[k] = g.float() if dw[k] is None else dw[k].add_(g)
+        dw = [g if g is None else g.to(w.dtype) for g, w in zip(dw, weights)]
         return (None, None, None if dx is None else dx.view_as(x), *dw)
 
 
@@ -105,11 +106,11 @@ def chunk_mlps(blocks: list[nn.Module], chunk: int) -> int:
         if mlp is None or not is_dense_mlp(mlp) or getattr(mlp, "mlp_chunk", None):
             continue
         inner = mlp.forward
-        params = [p for p in mlp.parameters() if p.requires_grad]
+        params = list(mlp.parameters())
 
         @torch.compiler.disable  # its backward runs autograd itself: dynamo cannot trace it
         def forward(x: torch.Tensor, _inner=inner, _params=params) -> torch.Tensor:
-            return run_chunked(_inner, chunk, x, _params)
+            return run_chunked(_inner, chunk, x, [p for p in _params if p.requires_grad])  # as trained now
 
         mlp.forward, mlp.mlp_chunk = forward, chunk
         changed += 1

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
+import mmap
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -43,11 +45,14 @@ IN_FLIGHT = 2  # copies to the host under way before the host waits for the olde
 
 class HostPool:
     """Page-locked host buffers of exact sizes (bytes), reused: taken by a copy to the host, given back when the
-    step that used them is over."""
+    step that used them is over; one not taken again in the step after is released. Each buffer is a mapping of its
+    own pages (mmap): registering memory that shares a page with a registered neighbour (malloc's heap) fails."""
 
     def __init__(self) -> None:
         self.free: dict[int, list[torch.Tensor]] = collections.defaultdict(list)  # bytes -> uint8 buffers
         self.lent: dict[int, torch.Tensor] = {}  # address -> the buffer behind a tensor taken
+        self.last_taken: dict[int, int] = {}  # address -> the step that last took it
+        self.step = 0
         self.registered_bytes = 0
 
     def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -55,20 +60,46 @@ class HostPool:
         free = self.free[nbytes]
         buf = free.pop() if free else self._new(nbytes)
         self.lent[buf.data_ptr()] = buf
+        self.last_taken[buf.data_ptr()] = self.step
         return buf.view(dtype).view(shape)
 
     def give(self, t: torch.Tensor) -> None:
         buf = self.lent.pop(t.data_ptr())
         self.free[buf.numel()].append(buf)
 
+    def next_step(self) -> None:
+        """A new step: buffers no step took since the one before are released (shapes that changed)."""
+        self.step += 1
+        for nbytes, bufs in self.free.items():
+            keep = [b for b in bufs if self.last_taken[b.data_ptr()] >= self.step - 1]
+            for b in bufs:
+                if self.last_taken[b.data_ptr()] < self.step - 1:  # dropped: unregistered as it is freed
+                    self.last_taken.pop(b.data_ptr())
+                    self.registered_bytes -= nbytes if getattr(b, "registered", False) else 0
+            self.free[nbytes] = keep
+
     def _new(self, nbytes: int) -> torch.Tensor:
-        buf = torch.empty(nbytes, dtype=torch.uint8)
+        buf = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)  # the tensor keeps the mapping alive
         cudart = torch.cuda.cudart()
-        if cudart.cudaHostRegister(buf.data_ptr(), nbytes, 0) != cudart.cudaError.success:  # torch's pinned one
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        if cudart.cudaHostRegister(buf.data_ptr(), nbytes, 0) != cudart.cudaError.success:
+            _clear_cuda_error()  # else the next kernel launch's check reports it
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)  # torch's pinned allocator
+        buf.registered = True
         self.registered_bytes += nbytes
-        weakref.finalize(buf, cudart.cudaHostUnregister, buf.data_ptr())  # before its memory goes back to malloc
+        weakref.finalize(buf, cudart.cudaHostUnregister, buf.data_ptr())  # before the mapping goes
         return buf
+
+
+def _clear_cuda_error() -> None:
+    """Reset the CUDA runtime's last error (torch binds no cudaGetLastError): through the libcudart this process
+    loaded."""
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next((line.split()[-1] for line in maps if "libcudart.so" in line), None)
+        if path:
+            ctypes.CDLL(path).cudaGetLastError()
+    except OSError:
+        pass
 
 
 @dataclass
@@ -111,6 +142,8 @@ class ActivationOffload:
                     current.wait_event(e.arrived)
                 if e.host is not None:  # its copies are queued before anything the next step copies into it
                     self.host.give(e.host)
+                    e.host = None  # a graph retained past this forward has lost it (_unpack says so)
+            self.host.next_step()
         self.entries, self.seen, self.offloaded_bytes, self.in_flight = [], {}, 0, collections.deque()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield

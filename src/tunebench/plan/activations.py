@@ -82,9 +82,9 @@ def _mode(w: Workload) -> str:
 
 def _mlp(w: Workload, dense: float) -> float:
     """The MLP's bytes per token: `dense` for a dense MLP of the model's width, else its experts' (module doc); a
-    chunked MLP keeps only its input (the norm's output: 16-bit after a frozen norm, fp32 after an fp32 one)."""
+    chunked MLP keeps only its input, the norm's output, which the norms' term counts already."""
     if w.chunked_mlp:
-        return w.residual_bytes * w.spec.hidden_size
+        return 0.0
     if not w.experts:
         return dense
     ex, h, mode = w.experts, w.spec.hidden_size, _mode(w)
@@ -147,7 +147,7 @@ def _llama_block(w: Workload) -> float:
 def _gpt2_block(w: Workload) -> float:
     s = w.spec
     h, heads = s.hidden_size, s.num_heads
-    inner = s.shape.get("n_inner") or 4 * h
+    inner = 0 if w.chunked_mlp else s.shape.get("n_inner") or 4 * h  # every inner-wide tensor is the MLP's
     attention = 6 * h + 2 * h + 4 * heads  # fused qkv, output (also c_proj's input), logsumexp
     # the fits below ran with GPT-2's dropout: the two residual dropouts' masks (1 byte each) go without it
     masks = 0 if w.dropout else -2 * h

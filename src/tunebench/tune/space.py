@@ -99,12 +99,23 @@ def float8_levers(base: RunConfig, fp8_gpu: bool, torchao: bool) -> tuple[str, .
 def memory_levers(base: RunConfig, objective: str) -> tuple[tuple[int | None, str], ...]:
     """The context objective's (mlp_chunk, offload) settings on a GPU: the config's own, its MLP in chunks, and
     also its saved activations in host memory (engine.chunked_mlp, engine.offload); other objectives keep the
-    config's own (a chunked MLP costs a forward; it buys length, not speed)."""
+    config's own (a chunked MLP costs a forward; it buys length, not speed). No chunks where the MLP cannot be
+    chunked: a mixture of experts' only, or the whole model compiled as one graph."""
     own = (base.mlp_chunk, base.offload)
     if objective != "context" or base.offload == "optimizer":
         return (own,)
-    return tuple(dict.fromkeys((own, (base.mlp_chunk or MLP_CHUNK, base.offload),
-                                (base.mlp_chunk or MLP_CHUNK, "activations"))))
+    chunk = base.mlp_chunk or (MLP_CHUNK if has_dense_mlp(base) and base.compile_scope != "model" else None)
+    return tuple(dict.fromkeys((own, (chunk, base.offload), (chunk, "activations"))))
+
+
+def has_dense_mlp(cfg: RunConfig) -> bool:
+    """Some block of the model has a dense MLP (not every block a mixture of experts')."""
+    from tunebench.models.families import experts_of
+    from tunebench.models.spec import resolve_model
+
+    spec = resolve_model(cfg.model)
+    ex = experts_of(spec.shape, spec.num_layers)
+    return ex is None or ex.sparse < spec.num_layers
 
 
 def cpu_space(space: Space) -> tuple[Space, list[str]]:
