@@ -16,7 +16,7 @@ from tunebench.errors import UserError, invalid, require
 from tunebench.methods import check_targets
 from tunebench.metrics.memory import available_host_bytes
 from tunebench.models.count import counts, training_floor_bytes
-from tunebench.models.families import experts_of
+from tunebench.models.families import has_dense_mlp
 from tunebench.models.families import refusal as family_refusal
 from tunebench.models.float8 import refusal as float8_refusal
 from tunebench.models.float8_frozen import takes as float8_takes
@@ -58,7 +58,7 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
     if device.type == "cuda" and cfg.attn == "sdpa" and spec.shape.get("attn_logit_softcapping") and cfg.dropout:
         raise invalid("dropout", cfg.dropout, "a model whose attention soft-caps its logits runs FlexAttention on "
                                               "GPUs (models.build), which has no attention dropout: use dropout 0")
-    if cfg.mlp_chunk and (ex := experts_of(spec.shape, spec.num_layers)) and ex.sparse == spec.num_layers:
+    if cfg.mlp_chunk and not has_dense_mlp(spec.shape, spec.num_layers):
         raise invalid("mlp_chunk", cfg.mlp_chunk, f"{spec.name}'s blocks have no dense MLP (a mixture of experts' "
                                                   "routing reads every token of the batch)")
     if cfg.float8 != "off":  # what no GPU or package can change was refused with the strategy

@@ -120,10 +120,10 @@ def _with_long_context_levers(cfg: RunConfig, longest: int, top: int, gpu, world
     blocks' inputs in host memory (engine.chunked_mlp, engine.offload), where that reaches further than `longest`
     and the strategy runs them. Its options: those that differ from the configuration's."""
     from tunebench.strategies import STRATEGIES
-    from tunebench.tune.space import MLP_CHUNK, has_dense_mlp
+    from tunebench.tune.space import MLP_CHUNK, chunkable
 
     levers: dict = {"grad_ckpt": True, "ckpt_every": 1, "ckpt_keep": "input", "ckpt_keep_every": 1}
-    if has_dense_mlp(cfg):
+    if chunkable(cfg.model_copy(update={"compile_scope": "blocks"})):  # a whole-model graph gives way to blocks
         levers |= {"mlp_chunk": cfg.mlp_chunk or MLP_CHUNK,
                    "compile_scope": "blocks" if cfg.compile_scope == "model" else cfg.compile_scope}
     levers["offload"] = "activations"
@@ -134,19 +134,18 @@ def _with_long_context_levers(cfg: RunConfig, longest: int, top: int, gpu, world
         base = RunConfig.model_validate(cfg.model_dump() | changed)
     except ValueError:
         return None
-    plans: dict[int, Prediction] = {}
+    def at(seq: int) -> RunConfig:
+        return base.model_copy(update={"seq_len": seq})
 
     def fits(variant: RunConfig) -> bool:
         p, _ = _plan(variant, gpu, world, hw)
-        if p is not None:
-            plans[variant.seq_len] = p
         return p is not None and p.verdict == "fits"
 
-    value, capped = _grow(lambda s: base.model_copy(update={"seq_len": s}), SEQ_STEP, top, SEQ_STEP, fits)
+    value, capped = _grow(at, SEQ_STEP, top, SEQ_STEP, fits)
     if value is None or value <= longest:
         return None
     options = " ".join(_LEVER_FLAGS[k] if v is True else f"{_LEVER_FLAGS[k]} {v}" for k, v in changed.items())
-    return options, value, plans[value], capped
+    return options, value, _plan(at(value), gpu, world, hw)[0], capped
 
 
 def _largest_model(cfg: RunConfig, limit: Limit, fits) -> Limit:

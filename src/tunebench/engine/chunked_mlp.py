@@ -94,7 +94,7 @@ def run_chunked(mlp: Callable[[torch.Tensor], torch.Tensor], chunk: int, x: torc
 def is_dense_mlp(module: nn.Module) -> bool:
     """A block's MLP that acts on each token alone: not a mixture of experts (whose routing balances over the
     batch's tokens and whose auxiliary loss reads them all)."""
-    return not any(hasattr(module, name) for name in ("experts", "router", "gate_logits")) and \
+    return not any(hasattr(module, name) for name in ("router", "gate_logits")) and \
         not any(hasattr(m, "experts") for m in module.modules())
 
 

@@ -53,7 +53,6 @@ class HostPool:
         self.lent: dict[int, torch.Tensor] = {}  # address -> the buffer behind a tensor taken
         self.last_taken: dict[int, int] = {}  # address -> the step that last took it
         self.step = 0
-        self.registered_bytes = 0
 
     def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         nbytes = shape.numel() * dtype.itemsize
@@ -71,12 +70,10 @@ class HostPool:
         """A new step: buffers no step took since the one before are released (shapes that changed)."""
         self.step += 1
         for nbytes, bufs in self.free.items():
-            keep = [b for b in bufs if self.last_taken[b.data_ptr()] >= self.step - 1]
-            for b in bufs:
-                if self.last_taken[b.data_ptr()] < self.step - 1:  # dropped: unregistered as it is freed
-                    self.last_taken.pop(b.data_ptr())
-                    self.registered_bytes -= nbytes if getattr(b, "registered", False) else 0
-            self.free[nbytes] = keep
+            stale = [b for b in bufs if self.last_taken[b.data_ptr()] < self.step - 1]
+            for b in stale:  # dropped: unregistered as it is freed
+                del self.last_taken[b.data_ptr()]
+            self.free[nbytes] = [b for b in bufs if b.data_ptr() in self.last_taken]
 
     def _new(self, nbytes: int) -> torch.Tensor:
         buf = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)  # the tensor keeps the mapping alive
@@ -84,8 +81,6 @@ class HostPool:
         if cudart.cudaHostRegister(buf.data_ptr(), nbytes, 0) != cudart.cudaError.success:
             _clear_cuda_error()  # else the next kernel launch's check reports it
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)  # torch's pinned allocator
-        buf.registered = True
-        self.registered_bytes += nbytes
         weakref.finalize(buf, cudart.cudaHostUnregister, buf.data_ptr())  # before the mapping goes
         return buf
 

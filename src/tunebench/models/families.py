@@ -96,6 +96,12 @@ def experts_of(shape: dict[str, Any], layers: int) -> Experts | None:
     return Experts(int(count), int(shape["num_experts_per_tok"]), int(width), sparse)
 
 
+def has_dense_mlp(shape: dict[str, Any], layers: int) -> bool:
+    """Some block has a dense MLP (not every block a mixture of experts'): what a chunked MLP (mlp_chunk) needs."""
+    ex = experts_of(shape, layers)
+    return ex is None or ex.sparse < layers
+
+
 def has_experts(shape: dict[str, Any]) -> bool:
     """A config of a mixture of experts, known here or not (transformers' keys for the expert count)."""
     return bool(shape.get("num_local_experts") or shape.get("num_experts") or shape.get("n_routed_experts"))

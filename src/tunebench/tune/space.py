@@ -104,18 +104,17 @@ def memory_levers(base: RunConfig, objective: str) -> tuple[tuple[int | None, st
     own = (base.mlp_chunk, base.offload)
     if objective != "context" or base.offload == "optimizer":
         return (own,)
-    chunk = base.mlp_chunk or (MLP_CHUNK if has_dense_mlp(base) and base.compile_scope != "model" else None)
+    chunk = base.mlp_chunk or (MLP_CHUNK if chunkable(base) else None)
     return tuple(dict.fromkeys((own, (chunk, base.offload), (chunk, "activations"))))
 
 
-def has_dense_mlp(cfg: RunConfig) -> bool:
-    """Some block of the model has a dense MLP (not every block a mixture of experts')."""
-    from tunebench.models.families import experts_of
+def chunkable(cfg: RunConfig) -> bool:
+    """The configuration's MLPs can run in chunks: some block's is dense, and the model is not one compiled graph."""
+    from tunebench.models.families import has_dense_mlp
     from tunebench.models.spec import resolve_model
 
     spec = resolve_model(cfg.model)
-    ex = experts_of(spec.shape, spec.num_layers)
-    return ex is None or ex.sparse < spec.num_layers
+    return has_dense_mlp(spec.shape, spec.num_layers) and cfg.compile_scope != "model"
 
 
 def cpu_space(space: Space) -> tuple[Space, list[str]]:
