@@ -52,6 +52,9 @@ WHOLE_GRAPH_FP32_CHUNKS = 4
 EVALUATION_LEAN_SINCE = "2026-11-25T19:45"
 # fp32 with grouped keys (Llama-3.2-1B) ran SDPA's math kernel before then, its S x S probabilities kept: not modelled
 FP32_KEYS_REPEATED_SINCE = "2026-11-24T08:00"
+# LoRA on an MoE's experts went through peft's rebuilt expert weights before then (methods.expert_adapters): that
+# engine is gone and the planner no longer models it; shown apart
+EXPERT_ADAPTERS_GROUPED_SINCE = "2026-11-27T11:00"
 plan_memory = importlib.import_module("tunebench.plan.memory")  # the module (the package exports its function)
 plan_speed = importlib.import_module("tunebench.plan.speed")
 HEAD_GRAD_KEPT, LOSS_BYTES_PER_LOGIT = plan_memory.head_grad_kept, plan_memory.loss_bytes_per_logit  # as they are now
@@ -120,10 +123,13 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
         before = (r.config["method"] == "qlora" and r.config.get("ckpt_keep") == "matmuls"
                   and r.created_at < FUSED_4BIT_SINCE)
         whole = whole or before
-        spec = workload(cfg, r.metrics.world_size).spec
+        wl = workload(cfg, r.metrics.world_size)
+        spec = wl.spec
         math_fp32 = (cfg.precision == "fp32" and r.created_at < FP32_KEYS_REPEATED_SINCE
                      and (spec.shape.get("num_key_value_heads") or spec.num_heads) < spec.num_heads)
         whole = whole or math_fp32
+        rebuilt = r.created_at < EXPERT_ADAPTERS_GROUPED_SINCE and any(t.kind == "experts" for t in wl.targets)
+        whole = whole or rebuilt
         # float8's memory is predicted as bf16's (plan says so): its tokens/s held to the goal, its memory shown
         float8 = r.config.get("float8", "off") != "off"
         # ZeRO-3 with QLoRA: the memory of DeepSpeed's gathering of the packed 4-bit base is not modelled (plan
@@ -160,7 +166,8 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
                      f"predicted {p.tokens_per_s:9,.0f} ({et:+6.1%}){'  (short tune trial)' if short else ''}"
                      f"{'  (before the 4-bit layers kept their matmuls)' if before else ''}"
                      f"{'  (fp32 grouped keys: SDPA math kernel then)' if math_fp32 else ''}"
-                     f"{'  (not modelled: whole-model compile, padded GPT-2 loss still eager)' if whole and not before and not math_fp32 else ''}"
+                     f"{'  (not modelled: whole-model compile, padded GPT-2 loss still eager)' if whole and not before and not math_fp32 and not rebuilt else ''}"
+                     f"{'  (LoRA on the experts through peft rebuilt weights then)' if rebuilt else ''}"
                      f"{'  (QLoRA under ZeRO-3: memory not modelled)' if zero3_qlora else ''}"
                      f"{'  (float8: memory predicted as bf16)' if float8 else ''}"
                      f"{'  (CUDA graphs: their pools left out of the memory measured)' if uncounted else ''}"

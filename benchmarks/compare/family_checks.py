@@ -10,7 +10,10 @@
   packed    packed rows under that attention: an example packed after another gets the logits it gets alone
   softcap   the fused loss with Gemma 2's final soft-cap, bf16 on the GPU (its compiled softmax), against
             cross-entropy over the capped fp32 logits
-  compiled  a tiny Qwen3-MoE's QLoRA and a tiny Gemma 2's LoRA, blocks compiled against eager: losses step by step
+  expert-lora  LoRA on the experts applied to the routed tokens (grouped GEMMs of rank r) against peft's rebuilt
+            expert weights: a tiny Qwen3-MoE's loss and its expert adapters' gradients, bf16, ranks 16 and 4
+  compiled  a tiny Qwen3-MoE's QLoRA and LoRA (its experts adapted) and a tiny Gemma 2's LoRA, blocks compiled
+            against eager: losses step by step
 Each check prints its largest difference and whether it is within its bound; the exit code is 1 if any is not.
 """
 
@@ -100,6 +103,64 @@ def check_experts(device: str) -> list[dict]:
     return [{"check": "experts 4-bit", "out_rel": rel, "grad_rel": rel_g, "ok": rel <= 1e-2 and rel_g <= 1e-2}]
 
 
+def check_expert_lora(device: str) -> list[dict]:
+    """LoRA on the experts applied to the routed tokens (methods.expert_adapters: torch's grouped GEMMs of rank r)
+    against peft's own path (the expert weights rebuilt with their adapters), both in bf16 (fp32 adapters under
+    autocast) and each measured against peft's path in fp32: the loss and the expert adapters' gradients, ranks 16
+    and 4 (padded to 8)."""
+    import copy
+    import warnings
+
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from tunebench.methods.expert_adapters import use_grouped_expert_adapters
+    from tunebench.models.experts import use_autocast_experts
+
+    cfg = transformers.Qwen3MoeConfig(**TINY, moe_intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+                                      norm_topk_prob=True, head_dim=64)
+    out = []
+    for rank in (16, 4):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(cfg).to(device)
+        use_autocast_experts(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exact = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear"))
+        for name, prm in exact.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(prm, std=0.02)
+        sides = {"exact": exact}
+        for side in ("peft", "ours"):
+            m = copy.deepcopy(exact)
+            for name, prm in m.named_parameters():
+                if "lora_" not in name:
+                    prm.data = prm.data.to(torch.bfloat16)
+            sides[side] = m
+        routed = use_grouped_expert_adapters(sides["ours"])
+        ids = torch.randint(0, 512, (4, 512), device=device)
+        res = {}
+        for side, m in sides.items():
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=side != "exact"):
+                loss = m(input_ids=ids, labels=ids).loss
+            loss.backward()
+            res[side] = (loss.item(), {n: p.grad.float() for n, p in m.named_parameters()
+                                       if "experts" in n and p.grad is not None})
+        exact_loss, exact_grads = res["exact"]
+
+        def worst(grads: dict, exact: dict = exact_grads) -> float:
+            return max(((g - exact[n]).norm() / exact[n].norm()).item() for n, g in grads.items())
+
+        row = {"check": f"expert lora r{rank}", "routed": routed, "loss_fp32": exact_loss,
+               "loss_peft_bf16": res["peft"][0], "loss_bf16": res["ours"][0], "grads": len(res["ours"][1]),
+               "grad_rel_worst_peft_bf16": worst(res["peft"][1]), "grad_rel_worst_bf16": worst(res["ours"][1])}
+        # as close to fp32 as peft's own bf16 path is (or within 2%)
+        row["ok"] = (routed == 2 and row["grads"] == 8 and abs(row["loss_bf16"] - exact_loss) < 1e-2
+                     and row["grad_rel_worst_bf16"] <= max(1.5 * row["grad_rel_worst_peft_bf16"], 2e-2))
+        out.append(row)
+    return out
+
+
 def check_softcap(device: str) -> list[dict]:
     from tunebench.engine.loss import causal_lm_loss
 
@@ -128,7 +189,8 @@ def check_compiled(device: str, root: Path) -> list[dict]:
     specs = {"qwen3moe": transformers.Qwen3MoeConfig(**TINY, moe_intermediate_size=128, num_experts=16,
                                                      num_experts_per_tok=4, norm_topk_prob=True, head_dim=64),
              "gemma2": transformers.Gemma2Config(**TINY, head_dim=64, sliding_window=64, query_pre_attn_scalar=64)}
-    for (name, cfg), method in zip(specs.items(), ("qlora", "lora")):
+    for name, method in (("qwen3moe", "qlora"), ("gemma2", "lora"), ("qwen3moe", "lora")):
+        cfg = specs[name]
         path = root / name
         if not (path / "config.json").exists():
             torch.manual_seed(0)
@@ -148,13 +210,14 @@ def check_compiled(device: str, root: Path) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--checks", default="flex,packed,experts,softcap,compiled")
+    p.add_argument("--checks", default="flex,packed,experts,expert-lora,softcap,compiled")
     p.add_argument("--root", default="/tmp/family-checks", help="where the tiny local models are written")
     p.add_argument("--out", help="write the results as JSON here")
     a = p.parse_args()
     results = []
     for name in a.checks.split(","):
-        fn = {"flex": check_flex, "experts": check_experts, "softcap": check_softcap, "packed": check_packed}.get(name)
+        fn = {"flex": check_flex, "experts": check_experts, "softcap": check_softcap, "packed": check_packed,
+              "expert-lora": check_expert_lora}.get(name)
         try:
             rows = fn(a.device) if fn else check_compiled(a.device, Path(a.root))
         except Exception as err:  # one failing check still lets the others report

@@ -94,7 +94,7 @@ preference)  # DPO (LoRA, QLoRA) on Llama-3.1-8B against TRL's DPOTrainer, s1024
   done
   ;;
 families)  # each family's GPU paths against transformers', then LoRA and QLoRA against HF Trainer + PEFT
-  CHECKS=${CHECKS-flex,packed,experts,softcap,compiled}
+  CHECKS=${CHECKS-flex,packed,experts,expert-lora,softcap,compiled}
   [ "$CHECKS" = none ] || python3 benchmarks/compare/family_checks.py --checks "$CHECKS" \
     --out "$OUT/family_checks.json" 2>&1 | grep -E '^\{' | cut -c1-400
   for m in ${MODELS:-qwen3-8b}; do

@@ -13,6 +13,7 @@ from torch import nn
 from tunebench.config import RunConfig
 from tunebench.config.targets import EXPERT_WEIGHTS, EXPERTS, split_targets
 from tunebench.errors import invalid
+from tunebench.methods.expert_adapters import use_grouped_expert_adapters
 
 
 def _is_linear(m: nn.Module) -> bool:
@@ -87,4 +88,6 @@ def apply_lora(model: nn.Module, cfg: RunConfig) -> nn.Module:
         # module, while the experts' adapters do get that rank
         warnings.filterwarnings("ignore", message="The following (rank|alpha)_pattern keys did not match")
         # peft keeps bf16 bases' adapters in fp32 (trained under autocast); bf16-pure stores them in bf16 too
-        return get_peft_model(model, lcfg, autocast_adapter_dtype=cfg.precision != "bf16-pure")
+        model = get_peft_model(model, lcfg, autocast_adapter_dtype=cfg.precision != "bf16-pure")
+    use_grouped_expert_adapters(model)
+    return model

@@ -33,16 +33,16 @@ autograd's saved tensors, eager and compiled; tests/test_families.py):
   compiled; and their fp32 rstd per head
   Phi-3's fused qkv projection: its output, 2(q + 2kv), without autocast; q + 2kv + h compiled
   a mixture of experts, per token for its k experts of width I (in place of the dense MLP): the experts' gated
-  MLP 8kI (4kI compiled), the tokens gathered by expert and the experts' outputs 4kh (2.5kh under autocast, 3.5kh
-  compiled, 2kh compiled under autocast, 3.5kh with fp32 weights under autocast, their experts cast to bf16 by
-  models.experts), the router's fp32 probabilities 4E and the sort's indices 48k
+  MLP 8kI (4kI compiled, 6kI frozen under autocast), the tokens gathered by expert and the experts' outputs 4kh
+  (2kh frozen under autocast, 3.5kh compiled, 2kh compiled under autocast, 3.5kh with fp32 weights under autocast,
+  their experts cast to bf16 by models.experts), the router's fp32 probabilities 4E and the sort's indices 48k; LoRA
+  on an expert weight keeps that projection's input too (kh or kI)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunebench.plan.calibration import CAL
 from tunebench.plan.workload import Workload
 
 
@@ -53,7 +53,7 @@ class Activations:
     outside: float  # bytes per token kept outside the blocks (final norm, loss)
     attention: str  # the SDPA kernel the planner assumes ("flash", "memory-efficient" or "math")
     note: str
-    per_block: float = 0.0  # bytes a block keeps for backward whatever the tokens (adapted experts' rebuilt weights)
+    per_block: float = 0.0  # bytes a block keeps for backward whatever the tokens (adapted experts' factors)
     routing: float = 0.0  # of per_layer, a mixture of experts' routing (router probabilities, sort and gather indices)
 
     def saved_by_blocks(self, w: Workload) -> float:
@@ -91,10 +91,18 @@ def _mlp(w: Workload, dense: float) -> float:
     ki, kh = ex.active * ex.width, ex.active * h
     route = routing(w)
     if mode == "compiled":
-        return 4 * ki + (3.5 if w.full else 2.0) * kh + route
+        return 4 * ki + (3.5 if w.full else 2.0) * kh + route + _adapted_expert_inputs(w)
     if mode == "fp32":
         return 2 * (8 * ki + 4 * kh) + route
-    return 8 * ki + {"plain": 4.0, "lora": 2.5}.get(mode, 3.5) * kh + route
+    if mode == "lora":
+        return 6 * ki + 2 * kh + route + _adapted_expert_inputs(w)
+    return 8 * ki + {"plain": 4.0}.get(mode, 3.5) * kh + route
+
+
+def _adapted_expert_inputs(w: Workload) -> float:
+    """Frozen experts keep neither projection's routed input (their GEMMs need only the weights in backward); an
+    adapter on an expert weight keeps it, for its A's gradient: the gathered tokens (k h) or the gated product (k I)."""
+    return sum(w.compute_bytes * t.fan_in * w.experts.active for t in w.targets if t.kind == "experts")
 
 
 def routing(w: Workload) -> float:
@@ -189,6 +197,14 @@ def _adapters(w: Workload) -> float:
     return sum(w.compute_bytes * r * t.active for t, r in zip(w.targets, ranks))
 
 
+def _expert_factors(w: Workload) -> float:
+    """Bytes a sparse block keeps for its experts' adapters whatever the tokens: each expert's A and B in the compute
+    dtype, the grouped GEMMs' second operands (methods.expert_adapters)."""
+    ranks = w.target_ranks or (w.cfg.lora_rank,) * len(w.targets)
+    return sum(w.compute_bytes * r * (t.fan_in + t.fan_out) * t.copies
+               for t, r in zip(w.targets, ranks) if t.kind == "experts")
+
+
 def _math_attention_extra(w: Workload) -> float:
     """The math kernel keeps scaled q, repeated k and v and the S x S probabilities instead of flash's set."""
     s = w.spec
@@ -225,7 +241,4 @@ def activations(w: Workload) -> Activations:
             "checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
             if share == 1 else "every block keeps its activations until backward" if share == 0 else
             f"checkpointing one block in {w.cfg.ckpt_every}: those keep their input, the others everything")
-    per_block = 0.0
-    if w.adapts_experts:
-        per_block = CAL.expert_delta_kept_bytes * w.compute_bytes / 2 * w.counts.experts / w.experts.sparse
-    return Activations(block, kept, outside, kernel, note, per_block, routing(w))
+    return Activations(block, kept, outside, kernel, note, _expert_factors(w), routing(w))

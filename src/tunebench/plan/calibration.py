@@ -43,7 +43,8 @@ class Calibration:
     float8_frozen_speedup: float = fitted(1.43, "x bf16", "a frozen base's two products a layer, kernels_vs.py")
     moe_grouped_efficiency: float = fitted(0.6, "share of a dense GEMM of as many rows",
                                            "Qwen3-30B-A3B runs")
-    expert_delta_bytes: float = fitted(38, "bytes per expert weight and pass", "one Qwen3-30B-A3B expert-LoRA run")
+    grouped_gemm_per_group_s: float = fitted(0.7e-6, "s per expert and rank-r grouped GEMM",
+                                             "Qwen3-30B-A3B expert-LoRA runs, profiled")
 
     # --- attention (plan.speed)
     attention_of_peak: float = fitted(0.95, "share of the dense peak at long sequences",
@@ -88,8 +89,6 @@ class Calibration:
     traced_extra_blocks: float = fitted(1.25, "blocks of activations", "Mistral-7B LoRA and QLoRA runs")
     cuda_graph_pool_slack: float = fitted(0.15 * 2**30, "bytes", "GPT-2 small's CUDA graph pools")
     graph_pool_own_gradients: float = fitted(0.75, "share of the gradients", "Llama-3.2-1B and GPT-2 medium pools")
-    expert_delta_kept_bytes: float = fitted(2.45, "bytes per adapted expert weight",
-                                            "autograd's saved tensors of Mixtral- and Qwen3-MoE-shaped blocks")
 
 
 CAL = Calibration()

@@ -60,8 +60,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     blocks = dense * (6 if w.full else 4) + 2 * dense * again
     if w.chunked_mlp:  # backward runs each chunk's forward again (engine.chunked_mlp)
         blocks += 2 * w.mlp_matmul * w.layers
-    # experts: their weight gradients where they train (full, or LoRA through peft's rebuilt weights)
-    experts = c.active_experts * (6 if w.full or w.adapts_experts else 4) + 2 * c.active_experts * again
+    # experts: their weight gradients where they train (full fine-tuning; LoRA's expert adapters are adapters)
+    experts = c.active_experts * (6 if w.full else 4) + 2 * c.active_experts * again
     head = c.head * (6 if w.head_trains else 4) + (0 if w.fused_head else 2 * c.head)
     kept = w.kept_share  # blocks keeping attention and the adapters' first factor: only the up-projections rerun
     adapters = w.active_lora_params * (6 + kept + 2 * (share - kept))
@@ -71,7 +71,7 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     odd = CAL.unaligned_head_slowdown if s.vocab_size % CAL.head_align and not head_padded(w) else 1.0
     gemm = (blocks / speedup + head * odd) * tokens / ceiling
     gemm += adapters * tokens / adapter_ceiling  # rank-r GEMMs are far from the tensor cores' ceiling
-    gemm += _experts_gemm(w, experts, ceiling, adapter_ceiling, passes)
+    gemm += _experts_gemm(w, experts, ceiling)
     q = s.num_heads * s.head_dim
     attention = 2 * cfg.seq_len * q * w.layers * (3.5 + share - kept) * tokens
     if w.dropout:
@@ -85,8 +85,6 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     moved += CAL.loss_bytes_per_logit * w.compute_bytes / 2 * tokens * s.vocab_size  # fitted on 16-bit logits
     if cfg.method == "qlora":
         moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
-    if w.adapts_experts:
-        moved += CAL.expert_delta_bytes * c.experts * passes * cfg.grad_accum
     # bf16-pure: AdamW's parameters, gradients and states are half as many bytes (not measured yet: scaled)
     half = w.pure and cfg.optimizer in ("adamw", "adamw_fused")
     per_param = w.strategy.planner.optimizer_bytes.get(cfg.optimizer, CAL.optimizer_bytes[cfg.optimizer])
@@ -136,20 +134,20 @@ def _ceilings(w: Workload, hw: Hardware) -> tuple[float, float]:
     return hw.matmul_flops * matmul_efficiency(hidden, w.tokens), hw.matmul_flops * CAL.adapter_matmul_share
 
 
-def _experts_gemm(w: Workload, flops_per_token: float, ceiling: float, adapter_ceiling: float,
-                  passes: float) -> float:
-    """Seconds of a mixture of experts' grouped GEMMs, each expert over its share of the micro-batch's tokens; with
-    LoRA on the experts, W' = W + B A for every expert at each pass (rank-r GEMMs over the whole stack)."""
+def _experts_gemm(w: Workload, flops_per_token: float, ceiling: float) -> float:
+    """Seconds of a mixture of experts' grouped GEMMs, each expert over its share of the micro-batch's tokens; LoRA
+    on the experts adds rank-r grouped GEMMs (methods.expert_adapters: two a forward, four a backward per adapted
+    weight), whose time at these ranks is each group's fixed cost rather than their few FLOPs (counted with the
+    adapters' FLOPs)."""
     if not w.experts:
         return 0.0
     s, cfg = w.spec, w.cfg
     rows = w.tokens * w.experts.active  # one grouped GEMM over every (token, expert) pair
     grouped = ceiling / matmul_efficiency(s.hidden_size, w.tokens) * matmul_efficiency(s.hidden_size, rows)
     seconds = flops_per_token * w.tokens * cfg.grad_accum / (grouped * CAL.moe_grouped_efficiency)
-    if w.adapts_experts:
-        rank = max(w.target_ranks or (cfg.lora_rank,))
-        seconds += 2 * rank * w.counts.experts * (1 + passes) * cfg.grad_accum / adapter_ceiling
-    return seconds
+    adapted = sum(1 for t in w.targets if t.kind == "experts")
+    calls = adapted * w.experts.sparse * (6 + 2 * w.checkpointed_share) * cfg.grad_accum
+    return seconds + calls * w.experts.count * CAL.grouped_gemm_per_group_s
 
 
 def _host(w: Workload) -> float:

@@ -148,11 +148,6 @@ class Workload:
         return sum(self.blocks_with(t) * r * (t.fan_in + t.fan_out) * t.active for t, r in zip(self.targets, ranks))
 
     @property
-    def adapts_experts(self) -> bool:
-        """LoRA on the experts' 3-D weights (peft's ParamWrapper rebuilds them with the adapters at every pass)."""
-        return any(t.kind == "experts" for t in self.targets)
-
-    @property
     def chunked_mlp(self) -> int:
         """Tokens a dense block's MLP runs on at a time, keeping only its input (engine.chunked_mlp); 0: whole."""
         return 0 if self.experts else min(self.cfg.mlp_chunk or 0, self.tokens)
