@@ -107,6 +107,14 @@ def test_bash_example(line, tmp_path, monkeypatch, capsys):
 def test_python_example(code, tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    if (tmp_path / "results.db").exists():  # the README's two-process run from Python, its record stored
+        from tunebench import Store
+
+        with Store(tmp_path / "results.db") as store:
+            records = list(store.records())
+        assert len(records) == 1 and records[0].status == "ok"  # saved once, by the caller's process
+        m = records[0].metrics
+        assert m.world_size == len(m.per_rank) == 2 and m.timed_tokens == sum(r.tokens for r in m.per_rank)
 
 
 def _runs(code: str) -> bool:
