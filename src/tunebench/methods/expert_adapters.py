@@ -14,6 +14,7 @@ inside the module's own forward instead of under a parametrization, which torch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Any
 
@@ -37,8 +38,7 @@ def expert_factors(a: torch.Tensor, b: torch.Tensor, experts: int, dtype: torch.
     e's delta weight is s B[e] A[e], in the (out, in) orientation the tokens see whichever way the module stores the
     weight. An op of its own: inductor keeps its outputs' layout, where it would fold a copy into a view of B
     that the grouped GEMM refuses (its experts' stride 1)."""
-    rank = a.shape[0] // experts
-    padded = -(-rank // 8) * 8
+    rank, padded = _ranks(a, experts)
     out_a = a.new_zeros(experts, padded, a.shape[1], dtype=dtype)
     out_a[:, :rank] = a.reshape(experts, rank, -1)
     out_b = b.new_zeros(experts, b.shape[0], padded, dtype=dtype)
@@ -46,9 +46,15 @@ def expert_factors(a: torch.Tensor, b: torch.Tensor, experts: int, dtype: torch.
     return out_a, out_b
 
 
+def _ranks(a: torch.Tensor, experts: int) -> tuple[int, int]:
+    """The adapter's rank, and that rounded up to a multiple of 8."""
+    rank = a.shape[0] // experts
+    return rank, -(-rank // 8) * 8
+
+
 @expert_factors.register_fake
 def _(a: torch.Tensor, b: torch.Tensor, experts: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    padded = -(-(a.shape[0] // experts) // 8) * 8
+    padded = _ranks(a, experts)[1]
     return (a.new_empty(experts, padded, a.shape[1], dtype=dtype), b.new_empty(experts, b.shape[0], padded,
                                                                                dtype=dtype))
 
@@ -73,15 +79,19 @@ def _factors(wrapper: nn.Module, adapter: str) -> Factors:
             wrapper.scaling[adapter])
 
 
+def _active_adapters(module: nn.Module) -> Iterator[tuple[nn.Module, str]]:
+    """(wrapper, adapter name) of each adapter peft has active on `module`'s weights (none while it disables them
+    or has merged them into the weights)."""
+    for w in module.__dict__.get(_WRAPPERS, ()):
+        if not (w.disable_adapters or w.merged):
+            yield from ((w, adapter) for adapter in w.active_adapters if adapter in w.lora_A)
+
+
 def _active(experts: nn.Module) -> dict[str, list[Factors]]:
-    """Each adapted weight's active adapters (none while peft disables or has merged them)."""
+    """Each adapted expert weight's active adapters."""
     out: dict[str, list[Factors]] = {}
-    for w in experts.__dict__.get(_WRAPPERS, ()):
-        if w.disable_adapters or w.merged:
-            continue
-        for adapter in w.active_adapters:
-            if adapter in w.lora_A:
-                out.setdefault(w.parameter_name, []).append(_factors(w, adapter))
+    for w, adapter in _active_adapters(experts):
+        out.setdefault(w.parameter_name, []).append(_factors(w, adapter))
     return out
 
 
@@ -141,14 +151,10 @@ class _Adapted:
 
 def _adapted_weights(module: nn.Module) -> dict[str, torch.Tensor]:
     """A small adapted weight (a router's): W + each active adapter's delta, as peft's parametrization builds it."""
-    weights = {}
-    for w in module.__dict__[_WRAPPERS]:
-        if w.disable_adapters or w.merged:
-            continue
-        for adapter in w.active_adapters:
-            if adapter in w.lora_A:
-                base = weights.get(w.parameter_name, getattr(module, w.parameter_name))
-                weights[w.parameter_name] = base + w.get_delta_weight(adapter)
+    weights: dict[str, torch.Tensor] = {}
+    for w, adapter in _active_adapters(module):
+        base = weights.get(w.parameter_name, getattr(module, w.parameter_name))
+        weights[w.parameter_name] = base + w.get_delta_weight(adapter)
     return weights
 
 
