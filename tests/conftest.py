@@ -34,6 +34,22 @@ def tb(capsys):
     return _run
 
 
+@pytest.fixture
+def no_codegen(monkeypatch):
+    """torch.compile as the compiled run traces, partitions and recomputes, without inductor's code generation
+    (`aot_eager_decomp_partition`: inductor's decompositions and min-cut partitioner, the graphs run eagerly). For
+    tests of what is traced, kept and recomputed; a cold code generation costs most of such a test's time."""
+    import torch
+
+    real = torch.compile
+
+    def compile(model=None, **kw):
+        kw.setdefault("backend", "aot_eager_decomp_partition")
+        return real(**kw) if model is None else real(model, **kw)
+
+    monkeypatch.setattr(torch, "compile", compile)
+
+
 _cpu_adam_build: subprocess.Popen | None = None
 
 

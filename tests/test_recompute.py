@@ -70,7 +70,7 @@ def test_keeping_matmuls_trains_as_without_checkpointing(method):
     assert kept.metrics.hfu_flops_per_token == pytest.approx(none.metrics.hfu_flops_per_token)
 
 
-def test_keeping_matmuls_compiled_trains_as_eager():
+def test_keeping_matmuls_compiled_trains_as_eager(no_codegen):
     """Inside a compiled block the checkpoint is traced: torch.compile's recompute follows the policy."""
     eager = run(RunConfig(**BASE, method="lora", grad_ckpt=True, ckpt_keep="matmuls"))
     torch._dynamo.reset()  # frames an earlier test compiled would be reused, not counted
@@ -137,7 +137,7 @@ def test_cli_flag(tb):
     assert code == 2 and "needs grad_ckpt" in err and "Traceback" not in err
 
 
-def test_evaluation_runs_without_the_checkpoint():
+def test_evaluation_runs_without_the_checkpoint(no_codegen):
     """Under no_grad (a train job's evaluation) the block runs plainly, with the same outputs."""
     ids = torch.randint(0, 1024, (2, 32))
     losses = []
@@ -166,7 +166,7 @@ def _saved_activations(plan, t) -> Counter:
     return shapes
 
 
-def test_whole_block_checkpoint_traced_in_compiled_blocks():
+def test_whole_block_checkpoint_traced_in_compiled_blocks(no_codegen):
     """ckpt_traced (the default): a compiled block recomputed whole has its checkpoint inside, traced by compile:
     the same training as Hugging Face's checkpoint, one graph per block, the same FLOPs counted."""
     from tunebench.engine.model import transformer_blocks
@@ -189,13 +189,15 @@ def test_whole_block_checkpoint_traced_in_compiled_blocks():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no GPU: run on one, see benchmarks/results/qlora-lora.md"))])
-def test_traced_blocks_keep_only_their_input(device):
+def test_traced_blocks_keep_only_their_input(device, request):
     """QLoRA in compiled blocks recomputed whole: the forward keeps of each block only what Hugging Face's
     checkpoint keeps, its input. (On an H200, 4-bit layers inside an autograd function made the partitioner keep
     each block's bf16 weights, 9.5 GiB on Mistral-7B; the CPU's graphs did not show it.)"""
     from tunebench.engine.model import transformer_blocks
     from tunebench.engine.recompute import checkpointed_whole, recomputes_traced
 
+    if device == "cpu":  # what the partitioner keeps; inductor's code is the GPU variant's
+        request.getfixturevalue("no_codegen")
     saved = {}
     for traced in (True, False):
         plan = preflight(RunConfig(**BASE | dict(precision="bf16" if device == "cpu" else "auto", device=device),
