@@ -95,4 +95,4 @@ def test_a_planner_failure_never_loses_the_record(tmp_path, monkeypatch, capsys)
 
 def test_plan_prints_its_calibration(tb):
     code, out, _ = tb("plan", "--calibration")
-    assert code == 0 and "moe_grouped_efficiency" in out and "fitted on" in out and "zero3" in out
+    assert code == 0 and "grouped_half_rows" in out and "fitted on" in out and "zero3" in out

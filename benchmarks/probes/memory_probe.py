@@ -245,7 +245,8 @@ def main() -> None:
         torch.cuda.set_device(0)
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1, **({"device_id": device} if cuda else {}))
     for text in args.configs:
-        pairs = dict(kv.split("=", 1) for kv in text.split())
+        pairs = dict(kv.split("=", 1) for kv in text.split())  # a list's items comma-separated, as the CLI's flags
+        pairs = {k: v.split(",") if "," in v else v for k, v in pairs.items()}
         pairs.setdefault("steps", "3")
         pairs.setdefault("warmup", "1")
         pairs.setdefault("nproc_per_node", "1")

@@ -3,7 +3,7 @@
   matmuls      FLOPs of every GEMM (blocks, head, adapters; recompute under checkpointing) at the matmul
                ceiling, scaled down for narrow models and short micro-batches; an unpadded head over an odd
                vocabulary runs cuBLAS's slow unaligned kernels; float8 GEMMs at their effective speedup, casts
-               included; a mixture of experts' grouped GEMMs at the efficiency of a GEMM of as many rows
+               included; a mixture of experts' grouped GEMMs at the efficiency of a GEMM of each expert's rows
   attention    causal flash attention, forward + backward (2.5x the forward's FLOPs), at a share of the dense peak
                that grows with the sequence
   elementwise  memory-bound kernels: bytes moved per byte an op keeps for backward (per architecture, eager or
@@ -37,10 +37,14 @@ class StepTime:
     bound: str  # "GPU", "host" or "network"
 
 
+def _width_share(hidden: int) -> float:
+    """Fraction of the matmul ceiling GEMMs of this width reach with rows enough: narrow layers fall below it."""
+    return max(CAL.gemm_floor_share, CAL.gemm_peak_share / (1 + (CAL.narrow_hidden / hidden) ** 5))
+
+
 def matmul_efficiency(hidden: int, tokens: int) -> float:
     """Fraction of the matmul ceiling the model's GEMMs reach: narrow layers and short micro-batches fall below it."""
-    wide = max(CAL.gemm_floor_share, CAL.gemm_peak_share / (1 + (CAL.narrow_hidden / hidden) ** 5))
-    return wide * tokens / (tokens + CAL.matmul_half_tokens)
+    return _width_share(hidden) * tokens / (tokens + CAL.matmul_half_tokens)
 
 
 def head_padded(w: Workload) -> bool:
@@ -142,9 +146,12 @@ def _experts_gemm(w: Workload, flops_per_token: float, ceiling: float) -> float:
     if not w.experts:
         return 0.0
     s, cfg = w.spec, w.cfg
-    rows = w.tokens * w.experts.active  # one grouped GEMM over every (token, expert) pair
-    grouped = ceiling / matmul_efficiency(s.hidden_size, w.tokens) * matmul_efficiency(s.hidden_size, rows)
-    seconds = flops_per_token * w.tokens * cfg.grad_accum / (grouped * CAL.moe_grouped_efficiency)
+    # one grouped GEMM over every (token, expert) pair: each expert's group a GEMM of its share of the rows, which
+    # reaches the ceiling as a GEMM of so few rows does (a few hundred rows each: far below a dense GEMM's share)
+    rows = w.tokens * w.experts.active / w.experts.count
+    share = _width_share(s.hidden_size) * rows / (rows + CAL.grouped_half_rows)
+    grouped = ceiling / matmul_efficiency(s.hidden_size, w.tokens) * share
+    seconds = flops_per_token * w.tokens * cfg.grad_accum / grouped
     adapted = sum(1 for t in w.targets if t.kind == "experts")
     calls = adapted * w.experts.sparse * (6 + 2 * w.checkpointed_share) * cfg.grad_accum
     return seconds + calls * w.experts.count * CAL.grouped_gemm_per_group_s
