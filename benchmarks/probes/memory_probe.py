@@ -121,8 +121,8 @@ def live_at_peak(snapshot: dict, start_bytes: int, top: int = 40) -> dict:
 
 
 def probe(pairs: dict[str, str], peak_live: bool = False) -> dict:
-    cfg = RunConfig(**pairs)
-    plan = preflight(cfg)
+    plan = preflight(RunConfig(**pairs))
+    cfg = plan.cfg  # 'auto' made concrete, as a run's step sees it (precision=auto would autocast to fp16 here)
     ctx = DistContext()
     out = Outcome()
     t = build_trainable(plan, out, ctx)

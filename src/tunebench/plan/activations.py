@@ -36,7 +36,8 @@ autograd's saved tensors, eager and compiled; tests/test_families.py):
   MLP 8kI (4kI compiled, 6kI frozen under autocast), the tokens gathered by expert and the experts' outputs 4kh
   (2kh frozen under autocast, 3.5kh compiled, 2kh compiled under autocast, 3.5kh with fp32 weights under autocast,
   their experts cast to bf16 by models.experts), the router's fp32 probabilities 4E and the sort's indices 48k; LoRA
-  on an expert weight keeps that projection's input too (kh or kI)
+  on an expert weight keeps that projection's input too (kh or kI); compiled with neither experts nor router
+  adapted, the block's norms keep 6h (its two residuals and attention's normed input), measured on an H100
 """
 
 from __future__ import annotations
@@ -143,10 +144,11 @@ def _llama_block(w: Workload) -> float:
         if w.cfg.compile:
             return 16 * h + _mlp(w, 12 * i) + fp32_attention + 8 + extra
         return 24 * h + _mlp(w, 16 * i) + fp32_attention + extra  # RMSNorm's cast is a no-op: input, normalized, output
-    if w.cfg.compile:  # measured: adapters keep 4h more (peft's and bitsandbytes' calls split the graph) where
-        # the MLP has them; frozen experts under attention's adapters do not (an H100 probe of Mixtral's QLoRA)
+    if w.cfg.compile:  # measured: adapters keep 4h more (peft's and bitsandbytes' calls split the graph)
+        if _frozen_mlp(w):  # the two residuals and attention's normed input only: nothing of the MLP's norm, no 4h
+            return 6 * h + attention + _mlp(w, 4 * i) + extra
         norms = 12 * h if w.residual_bytes == 2 else 16 * h
-        return norms + attention + _mlp(w, 4 * i) + (0 if w.full or _frozen_mlp(w) else 4 * h) + extra
+        return norms + attention + _mlp(w, 4 * i) + (0 if w.full else 4 * h) + extra
     if not w.autocast:  # a frozen RMSNorm weight needs no normalized value kept (LoRA under DeepSpeed)
         return (16 if w.full else 12) * h + attention + _mlp(w, 8 * i) + extra
     norms = 20 * h if w.residual_bytes == 2 else 24 * h
@@ -154,8 +156,11 @@ def _llama_block(w: Workload) -> float:
 
 
 def _frozen_mlp(w: Workload) -> bool:
-    """Every block's MLP is experts that no adapter touches (nor their router): the adapters are attention's."""
-    return bool(w.experts) and w.experts.sparse == w.layers and all(t.kind == "linear" for t in w.targets)
+    """Every block's MLP is experts that no adapter touches (nor their router): the adapters are attention's. What
+    such a compiled block keeps was measured on an H100 (Mixtral-8x7B's QLoRA on attention,
+    benchmarks/probes/memory_probe.py --peak-live)."""
+    return (not w.full and bool(w.experts) and w.experts.sparse == w.layers
+            and all(t.kind == "linear" for t in w.targets))
 
 
 def _gpt2_block(w: Workload) -> float:
