@@ -24,6 +24,7 @@ CASES = {
     "negative lr": (["--lr", "-1"], "lr"),
     "dropout above one": (["--lora-dropout", "1.5"], "lora_dropout"),
     "unknown lora target": (["--method", "lora", "--lora-targets", "qkv_fused"], "lora_targets"),
+    "an empty lora target between commas": (["--method", "lora", "--lora-targets", "q_proj,,v_proj"], "lora_targets"),
     "fp16 on cpu": (["--precision", "fp16"], "precision"),
     "flash on cpu": (["--attn", "flash"], "attn"),
     "bf16-pure under deepspeed": (["--precision", "bf16-pure", "--strategy", "zero2"], "precision=bf16-pure with "

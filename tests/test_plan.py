@@ -767,3 +767,16 @@ def test_ddp_cuts_the_whole_graph_into_calls_of_their_own():
     blocks = whole.model_copy(update={"compile_scope": "blocks"})
     alone, ddp = (predict(blocks.model_copy(update={"strategy": s}), gpu, 1).time.parts["host"] for s in ("single", "ddp"))
     assert ddp == pytest.approx(alone)
+
+
+def test_targets_by_commas_and_a_target_no_layer_has(tb):
+    """q_proj,v_proj names two targets, as the repeated flag does, in plan and in a run's config; a name no linear
+    layer has is refused by plan as by run, not planned without its adapters."""
+    plan = ["plan", "--model", "tiny-llama", "--method", "lora", "--gpu", "H100-80GB", "--json"]
+    commas = json.loads(tb(*plan, "--lora-targets", "q_proj,v_proj")[1])
+    repeated = json.loads(tb(*plan, "--lora-targets", "q_proj", "--lora-targets", "v_proj")[1])
+    one = json.loads(tb(*plan, "--lora-targets", "q_proj")[1])
+    assert commas == repeated and commas["breakdown"]["memory"] != one["breakdown"]["memory"]
+    assert RunConfig(lora_targets="q_proj,v_proj").lora_targets == ["q_proj", "v_proj"]
+    code, out, err = tb(*plan, "--lora-targets", "q_proj,qq_proj")
+    assert code == 2 and out == "" and "invalid lora_targets=qq_proj: no linear layer has this name" in err

@@ -150,6 +150,7 @@ class RunConfig(BaseModel):
     @field_validator("lora_targets")
     @classmethod
     def _targets(cls, v: list[str]) -> list[str]:
+        v = [t for item in v for t in item.split(",")]  # q_proj,v_proj as well as one name per item (no name has one)
         if not v or any(not t.strip() or t != t.strip() for t in v):
             raise ValueError("every target must be a module name such as q_proj (or all-linear)")
         return v

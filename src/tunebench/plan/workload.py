@@ -291,6 +291,19 @@ def lora_targets(c: Counts, targets: list[str], quantized: bool = False) -> tupl
     return tuple(lin for lin, _ in chosen), tuple(f for _, f in chosen)
 
 
+def _check_targets(c: Counts, targets: list[str]) -> None:
+    """Refuse a module target no linear layer answers to, as a run does (methods.lora), rather than plan it
+    without its adapters."""
+    modules, _ = split_targets(targets)
+    if modules == "all-linear":
+        return
+    names = {lin.name.rsplit(".", 1)[-1] for lin in c.linears} | {"lm_head"}
+    for t in modules:
+        if not any(t == n or t.endswith("." + n) for n in names):
+            raise UserError(f"invalid lora_targets={t}: no linear layer has this name; linear layers are: "
+                            f"{', '.join(sorted(names))} (or all-linear)")
+
+
 def workload(cfg: RunConfig, world: int, evaluates: bool = False) -> Workload:
     """The workload of `cfg` on `world` GPUs (`evaluates`: a train job's evaluations between steps). Refuses models
     whose architecture the planner does not know."""
@@ -304,6 +317,8 @@ def workload(cfg: RunConfig, world: int, evaluates: bool = False) -> Workload:
     if why := family_refusal(spec.shape, cfg.method, cfg.strategy, bool(split_targets(cfg.lora_targets)[1])):
         raise UserError(f"invalid {why[0]}={why[1]}: {why[2]}")
     cfg = resolve(cfg, strategy, "cuda", c.per_block)
+    if cfg.method != "full":
+        _check_targets(c, cfg.lora_targets)
     targets, factors = ((), ()) if cfg.method == "full" else lora_targets(c, cfg.lora_targets, cfg.method == "qlora")
     return Workload(cfg, spec, c, strategy, world, _kind(family), targets, evaluates, family,
                     experts_of(spec.shape, spec.num_layers), tuple(f * cfg.lora_rank for f in factors))
