@@ -33,8 +33,9 @@ class RunConfig(BaseModel):
     lora_alpha: float = Field(32.0, gt=0, description="LoRA scaling alpha (updates scaled by alpha / r)")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
     lora_targets: list[str] = Field(default_factory=lambda: ["all-linear"],
-                                    description="modules to adapt: all-linear (peft's), module names such as q_proj, "
-                                                "or experts (a mixture of experts' expert weights)")
+                                    description="modules to adapt: all-linear (peft's), module names such as q_proj "
+                                                "(several: q_proj,v_proj), or experts (a mixture of experts' expert "
+                                                "weights)")
     lora_fused: bool = Field(True, description="LoRA layers reading one input (q/k/v, gate/up) run as one: their A "
                                                "matrices stacked, their B products added in one epilogue",
                              json_schema_extra=LATER)
