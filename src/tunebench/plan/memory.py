@@ -227,8 +227,9 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     if w.checkpointed_share:
         temps += w.tokens * act.per_layer + act.per_block
     if w.recompute_traced and w.recomputed_share:
-        # a dense block's traced backward holds more than the one block rebuilt; a sparse block's does not (its
-        # experts' products each one grouped GEMM: Mixtral-8x7B's QLoRA measured on an H200)
+        # a dense block's traced backward holds more than the one block rebuilt (fitted on Mistral-7B); a sparse
+        # block's was measured holding that block alone beside its dequantized experts (Mixtral-8x7B's QLoRA on an
+        # H100 and an H200, benchmarks/probes/memory_probe.py --peak-live)
         sparse = w.experts.sparse / w.layers if w.experts else 0.0
         temps += CAL.traced_extra_blocks * (1 - sparse) * w.tokens * act.per_layer
         # QLoRA's block weights rebuilt for its backward: bf16, or e4m3 with a frozen float8 base (not measured)
