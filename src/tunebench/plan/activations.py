@@ -204,16 +204,14 @@ def _attention_output(w: Workload) -> float:
 
 def _adapters(w: Workload) -> float:
     """Each adapter's rank-r output per token (an MoE's experts' adapters: k of them)."""
-    ranks = w.target_ranks or (w.cfg.lora_rank,) * len(w.targets)
-    return sum(w.compute_bytes * r * t.active for t, r in zip(w.targets, ranks))
+    return sum(w.compute_bytes * r * t.active for t, r in zip(w.targets, w.ranks))
 
 
 def _expert_factors(w: Workload) -> float:
     """Bytes a sparse block keeps for its experts' adapters whatever the tokens: each expert's A and B in the compute
     dtype, the grouped GEMMs' second operands (methods.expert_adapters)."""
-    ranks = w.target_ranks or (w.cfg.lora_rank,) * len(w.targets)
     return sum(w.compute_bytes * r * (t.fan_in + t.fan_out) * t.copies
-               for t, r in zip(w.targets, ranks) if t.kind == "experts")
+               for t, r in zip(w.targets, w.ranks) if t.kind == "experts")
 
 
 def _math_attention_extra(w: Workload) -> float:

@@ -137,15 +137,20 @@ class Workload:
         return self.experts.sparse if self.experts and t.kind != "linear" else self.layers
 
     @property
+    def ranks(self) -> tuple[int, ...]:
+        """Each target's LoRA rank, in the order of `targets`."""
+        return self.target_ranks or (self.cfg.lora_rank,) * len(self.targets)
+
+    @property
     def lora_params(self) -> int:
-        ranks = self.target_ranks or (self.cfg.lora_rank,) * len(self.targets)
-        return sum(self.blocks_with(t) * r * (t.fan_in + t.fan_out) * t.copies for t, r in zip(self.targets, ranks))
+        return sum(self.blocks_with(t) * r * (t.fan_in + t.fan_out) * t.copies
+                   for t, r in zip(self.targets, self.ranks))
 
     @property
     def active_lora_params(self) -> int:
         """Adapter weights one token multiplies by: an MoE's experts' adapters, k of E."""
-        ranks = self.target_ranks or (self.cfg.lora_rank,) * len(self.targets)
-        return sum(self.blocks_with(t) * r * (t.fan_in + t.fan_out) * t.active for t, r in zip(self.targets, ranks))
+        return sum(self.blocks_with(t) * r * (t.fan_in + t.fan_out) * t.active
+                   for t, r in zip(self.targets, self.ranks))
 
     @property
     def chunked_mlp(self) -> int:
