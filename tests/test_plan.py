@@ -780,3 +780,7 @@ def test_targets_by_commas_and_a_target_no_layer_has(tb):
     assert RunConfig(lora_targets="q_proj,v_proj").lora_targets == ["q_proj", "v_proj"]
     code, out, err = tb(*plan, "--lora-targets", "q_proj,qq_proj")
     assert code == 2 and out == "" and "invalid lora_targets=qq_proj: no linear layer has this name" in err
+    # a mixture of experts' expert weights are 3-D parameters, named by `experts`, not layers
+    code, _, err = tb("plan", "--model", "mixtral-8x7b", "--method", "lora", "--lora-targets", "down_proj", "--gpu",
+                      "H100-80GB")
+    assert code == 2 and "invalid lora_targets=down_proj" in err and "(or all-linear, experts)" in err

@@ -302,11 +302,11 @@ def _check_targets(c: Counts, targets: list[str]) -> None:
     modules, _ = split_targets(targets)
     if modules == "all-linear":
         return
-    names = {lin.name.rsplit(".", 1)[-1] for lin in c.linears} | {"lm_head"}
+    names = {lin.name for lin in c.linears if lin.kind != "experts"} | {"lm_head"}  # experts: 3-D weights, no layer
     for t in modules:
         if not any(t == n or t.endswith("." + n) for n in names):
             raise UserError(f"invalid lora_targets={t}: no linear layer has this name; linear layers are: "
-                            f"{', '.join(sorted(names))} (or all-linear)")
+                            f"{', '.join(sorted(names))} (or all-linear{', experts' if c.experts else ''})")
 
 
 def workload(cfg: RunConfig, world: int, evaluates: bool = False) -> Workload:
