@@ -37,7 +37,8 @@ autograd's saved tensors, eager and compiled; tests/test_families.py):
   (2kh frozen under autocast, 3.5kh compiled, 2kh compiled under autocast, 3.5kh with fp32 weights under autocast,
   their experts cast to bf16 by models.experts), the router's fp32 probabilities 4E and the sort's indices 48k; LoRA
   on an expert weight keeps that projection's input too (kh or kI); compiled with neither experts nor router
-  adapted, the block's norms keep 6h (its two residuals and attention's normed input), measured on an H100
+  adapted, the block's norms keep 6h: its two residuals and attention's normed input, as nothing of the MLP's norm
+  is needed where no adapter reads it (the GPU probe: benchmarks/results/families.md)
 """
 
 from __future__ import annotations
@@ -156,9 +157,8 @@ def _llama_block(w: Workload) -> float:
 
 
 def _frozen_mlp(w: Workload) -> bool:
-    """Every block's MLP is experts that no adapter touches (nor their router): the adapters are attention's. What
-    such a compiled block keeps was measured on an H100 (Mixtral-8x7B's QLoRA on attention,
-    benchmarks/probes/memory_probe.py --peak-live)."""
+    """Every block's MLP is experts that no adapter touches (nor their router): the adapters are attention's, and
+    backward needs nothing of the MLP's input (benchmarks/probes/memory_probe.py --peak-live shows what is kept)."""
     return (not w.full and bool(w.experts) and w.experts.sparse == w.layers
             and all(t.kind == "linear" for t in w.targets))
 

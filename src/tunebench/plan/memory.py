@@ -227,9 +227,8 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     if w.checkpointed_share:
         temps += w.tokens * act.per_layer + act.per_block
     if w.recompute_traced and w.recomputed_share:
-        # a dense block's traced backward holds more than the one block rebuilt (fitted on Mistral-7B); a sparse
-        # block's was measured holding that block alone beside its dequantized experts (Mixtral-8x7B's QLoRA on an
-        # H100 and an H200, benchmarks/probes/memory_probe.py --peak-live)
+        # a dense block's traced backward holds more than the one block it rebuilds; a sparse block's holds that
+        # block alone beside its dequantized experts (benchmarks/probes/memory_probe.py --peak-live shows it)
         sparse = w.experts.sparse / w.layers if w.experts else 0.0
         temps += CAL.traced_extra_blocks * (1 - sparse) * w.tokens * act.per_layer
         # QLoRA's block weights rebuilt for its backward: bf16, or e4m3 with a frozen float8 base (not measured)

@@ -146,8 +146,8 @@ def _experts_gemm(w: Workload, flops_per_token: float, ceiling: float) -> float:
     if not w.experts:
         return 0.0
     s, cfg = w.spec, w.cfg
-    # one grouped GEMM over every (token, expert) pair: each expert's group a GEMM of its share of the rows, which
-    # reaches the ceiling as a GEMM of so few rows does (a few hundred rows each: far below a dense GEMM's share)
+    # one grouped GEMM over every (token, expert) pair: each expert's group is a GEMM of its share of the rows, and
+    # reaches the ceiling as a GEMM of so few rows does, far below the share of a dense GEMM over every token
     rows = w.tokens * w.experts.active / w.experts.count
     share = _width_share(s.hidden_size) * rows / (rows + CAL.grouped_half_rows)
     grouped = ceiling / matmul_efficiency(s.hidden_size, w.tokens) * share
