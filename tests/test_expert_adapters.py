@@ -177,3 +177,52 @@ def test_compiled_blocks_share_one_graph_and_compute_as_eager():
         for g, e in zip(got[1], expected[1]):
             torch.testing.assert_close(g, e, rtol=5e-2, atol=5e-2)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("family", ["qwen3moe", "mixtral"])
+def test_4bit_experts_adapters_equal_peft_over_their_dequantized_weights(family):
+    """QLoRA's 4-bit experts (models.experts4bit) with adapters on both weights and the router: the loss and every
+    adapter's gradient as peft's own path over transformers' experts holding the dequantized weights, in fp32; peft
+    made the same adapters from the packed weights as from the 16-bit ones; disabled, the base experts alone."""
+    import bitsandbytes.functional as bf
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from tunebench.methods.expert_adapters import AdaptedExperts4bit, shaped_for_peft
+    from tunebench.models.experts4bit import WEIGHTS, quantize_experts
+
+    cls, extra = FAMILIES[family]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**TINY | extra))
+    quantized = copy.deepcopy(model)
+    assert quantize_experts(quantized, torch.float32, "nf4", True) == 2
+    for ref, ours in zip(model.model.layers, quantized.model.layers, strict=True):
+        with torch.no_grad():
+            for w in WEIGHTS:
+                packed = getattr(ours.mlp.experts, w)
+                getattr(ref.mlp.experts, w).copy_(bf.dequantize_4bit(packed.data, packed.quant_state))
+    lcfg = LoraConfig(r=3, lora_alpha=6, target_modules=["q_proj"], init_lora_weights=False,
+                      target_parameters=EXPERT_WEIGHTS + [ROUTERS[family]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(1)
+        ref = get_peft_model(model, copy.deepcopy(lcfg))
+        torch.manual_seed(1)
+        with shaped_for_peft(quantized):
+            ours = get_peft_model(quantized, copy.deepcopy(lcfg))
+    assert not any(hasattr(p, "ds_shape") for p in ours.parameters())
+    shapes = {n: p.shape for n, p in ref.named_parameters() if p.requires_grad}
+    assert shapes == {n: p.shape for n, p in ours.named_parameters() if p.requires_grad}
+    ours.load_state_dict({n: p for n, p in ref.state_dict().items() if "lora_" in n}, strict=False)  # the same values
+    assert use_grouped_expert_adapters(ours) == 2
+    assert sum(isinstance(m, AdaptedExperts4bit) for m in ours.modules()) == 2
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+    loss_ref, grads_ref = _loss_and_grads(ref, ids)
+    loss, grads = _loss_and_grads(ours, ids)
+    assert loss == pytest.approx(loss_ref, abs=1e-5)
+    assert grads.keys() == grads_ref.keys() and sum("experts" in n for n in grads) == 8
+    for name, g in grads.items():
+        torch.testing.assert_close(g, grads_ref[name], rtol=1e-5, atol=1e-6)
+    with torch.no_grad(), ref.disable_adapter(), ours.disable_adapter():
+        base_ref, base = ref(input_ids=ids, labels=ids).loss, ours(input_ids=ids, labels=ids).loss
+    assert base.item() == pytest.approx(base_ref.item(), abs=1e-5) and abs(base.item() - loss) > 1e-4

@@ -161,24 +161,27 @@ def test_lora_on_the_experts_alone_and_on_attention(dirs):
 
 def test_qlora_of_a_mixture_of_experts_quantizes_its_experts(dirs):
     """QLoRA: attention's linears and the 3-D experts in 4 bits (bitsandbytes' NF4), adapters on attention and the
-    routers, the planner's count; expert targets and sharded strategies are refused in one line."""
+    routers, and on the 4-bit experts where `experts` is named; the planner's count; it trains."""
     from tunebench.methods import apply_method
     from tunebench.models import build_model
     from tunebench.plan.workload import workload
 
     path = str(dirs["qwen3moe"])
-    cfg = RunConfig(model=path, method="qlora", steps=3, warmup=1, seq_len=16, device="cpu", telemetry=False)
-    model, _ = build_model(resolve_model(path), cfg, torch.device("cpu"))
-    experts = [m for m in model.modules() if type(m).__name__ == "Experts4bit"]
-    assert len(experts) == 2 and all(m.gate_up_proj.dtype == torch.uint8 for m in experts)
-    peft_model = apply_method(model, cfg)
-    assert sum(p.numel() for p in peft_model.parameters() if p.requires_grad) == workload(cfg, 1).trainable
+    for targets in (["all-linear"], ["q_proj", "experts"], ["all-linear", "experts"]):
+        cfg = RunConfig(model=path, method="qlora", steps=3, warmup=1, seq_len=16, device="cpu", telemetry=False,
+                        lora_targets=targets)
+        model, _ = build_model(resolve_model(path), cfg, torch.device("cpu"))
+        experts = [m for m in model.modules() if type(m).__name__ == "Experts4bit"]
+        assert len(experts) == 2 and all(m.gate_up_proj.dtype == torch.uint8 for m in experts)
+        peft_model = apply_method(model, cfg)
+        trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+        assert sum(".experts." in n for n in trainable) == (8 if "experts" in targets else 0), targets
+        assert sum(p.numel() for p in peft_model.parameters() if p.requires_grad) == workload(cfg, 1).trainable
     rec = run(cfg)
     assert rec.status == "ok" and all(math.isfinite(x) for x in rec.metrics.losses), rec.error
 
 
 @pytest.mark.parametrize("update,message", [
-    ({"lora_targets": ["experts"]}, "QLoRA's experts are 4-bit"),
     ({"strategy": "fsdp", "nproc_per_node": 1}, "runs under single or ddp"),
 ])
 def test_qlora_of_experts_refusals(tb, dirs, update, message):
@@ -386,7 +389,8 @@ def chat(tmp_path_factory):
 @pytest.mark.parametrize("family,method", [("gemma2", "lora"), ("qwen3moe", "qlora")])
 def test_a_family_trains_on_chat_merges_and_serves(tb, dirs, chat, tmp_path, monkeypatch, family, method):
     """A job on chat data under its template: it trains, merges and the merged model generates with its KV cache;
-    a QLoRA mixture of experts' merged experts are its 4-bit experts dequantized (no adapter on them)."""
+    a QLoRA mixture of experts' merged experts (adapted too) are its 4-bit experts dequantized plus the saved
+    adapter's s B[e] A[e]."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     monkeypatch.setenv("TUNEBENCH_CACHE", str(tmp_path / "cache"))
@@ -394,7 +398,8 @@ def test_a_family_trains_on_chat_merges_and_serves(tb, dirs, chat, tmp_path, mon
     code, stdout, err = tb("train", "--model", str(dirs[family]), "--tokenizer", str(chat / "tokenizer"), "--data",
                            str(chat / "chat.jsonl"), "--method", method, "--seq-len", "32", "--batch-size", "4",
                            "--max-steps", "4", "--warmup", "1", "--merge", "--merge-dtype", "fp32", "--device", "cpu",
-                           "--output-dir", str(out), "--no-store", "--json")
+                           "--lora-targets", "all-linear,experts" if method == "qlora" else "all-linear",
+                           "--lora-rank", "4", "--lora-alpha", "8", "--output-dir", str(out), "--no-store", "--json")
     assert code == 0, err
     job = json.loads(stdout)["metrics"]["job"]
     assert job["data"]["shape"] == "chat" and 0 < job["data"]["trained_tokens"] < job["data"]["tokens"]
@@ -414,8 +419,15 @@ def test_a_family_trains_on_chat_merges_and_serves(tb, dirs, chat, tmp_path, mon
         q = model.model.layers[1].mlp.experts
         state = q.gate_up_proj.quant_state
         state.dtype = torch.float32
-        expected = bf.dequantize_4bit(q.gate_up_proj.data, state)
-        torch.testing.assert_close(merged.model.layers[1].mlp.experts.gate_up_proj.data, expected, atol=0, rtol=0)
+        from safetensors.torch import load_file
+
+        base = bf.dequantize_4bit(q.gate_up_proj.data, state)
+        adapter = load_file(next(out.rglob("adapter_model.safetensors")))
+        a, b = (adapter[f"base_model.model.model.layers.1.mlp.experts.base_layer.lora_{x}.weight"] for x in "AB")
+        experts = base.shape[0]
+        delta = torch.einsum("ore,eri->eoi", b.reshape(b.shape[0], -1, experts), a.reshape(experts, -1, a.shape[1]))
+        assert delta.abs().max() > 0
+        torch.testing.assert_close(merged.model.layers[1].mlp.experts.gate_up_proj.data, base + 2 * delta)
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen3moe"])
@@ -480,7 +492,7 @@ def test_qlora_all_linear_of_a_partly_sparse_moe(tmp_path, tb):
     """Qwen3-MoE with a dense MLP layer: QLoRA's all-linear adapts attention and the routers (peft would turn the
     dense layers' names into the 4-bit experts), as the planner counts; naming them is refused in one line; a MoE
     family whose experts are not tunebench's 4-bit ones is refused for QLoRA, its experts left as transformers has
-    them; a planned QLoRA on the experts is refused as a run is."""
+    them."""
     import transformers
 
     from tunebench.methods import apply_method
@@ -498,8 +510,6 @@ def test_qlora_all_linear_of_a_partly_sparse_moe(tmp_path, tb):
     code, _, err = tb("run", "--model", path, "--method", "qlora", "--lora-targets", "gate_proj", "--device", "cpu",
                       "--seq-len", "32", "--no-store")
     assert code == 2 and "turns this name into the experts' weights" in err
-    code, _, err = tb("plan", "--model", "qwen3-30b-a3b", "--method", "qlora", "--lora-targets", "experts", "--gpu", "H100-80GB")
-    assert code == 2 and "QLoRA's experts are 4-bit" in err
     (tmp_path / "qwen2moe").mkdir()
     (tmp_path / "qwen2moe" / "config.json").write_text(transformers.Qwen2MoeConfig(**TINY | dict(
         moe_intermediate_size=64, shared_expert_intermediate_size=64, num_experts=8)).to_json_string())

@@ -166,6 +166,7 @@ def side_hf(a: argparse.Namespace) -> dict:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     from tunebench.choices import resolve
+    from tunebench.config.targets import split_targets
     from tunebench.models import resolve_model
     from tunebench.models.build import build, train_weights
     from tunebench.strategies import STRATEGIES
@@ -183,9 +184,9 @@ def side_hf(a: argparse.Namespace) -> dict:
         model.enable_input_require_grads()
     elif a.grad_ckpt:
         model.enable_input_require_grads()  # the frozen embeddings' output must carry a gradient into checkpoints
-    targets = "all-linear" if a.targets == "all-linear" else a.targets.split(",")
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets,
-                                             bias="none", task_type="CAUSAL_LM"))
+    modules, params = split_targets(a.targets.split(","))  # `experts`: peft's target_parameters, as ours
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=modules or [],
+                                             target_parameters=params or None, bias="none", task_type="CAUSAL_LM"))
     return _trainer_run(a, model, "hf_trainer" + ("+liger" if a.liger else ""))
 
 

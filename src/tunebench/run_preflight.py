@@ -11,7 +11,6 @@ import torch
 
 from tunebench.choices import resolve
 from tunebench.config import BNB_OPTIMIZERS, RunConfig
-from tunebench.config.targets import split_targets
 from tunebench.errors import UserError, invalid, require
 from tunebench.methods import check_targets
 from tunebench.metrics.memory import available_host_bytes
@@ -53,7 +52,7 @@ def preflight(cfg: RunConfig, local_rank: int = 0) -> Plan:
         raise invalid("nproc_per_node", nproc, f"only {torch.cuda.device_count()} GPUs are visible on this node")
     world = nproc * cfg.nnodes
     strategy = check_strategy(cfg, world)
-    if why := family_refusal(spec.shape, cfg.method, cfg.strategy, bool(split_targets(cfg.lora_targets)[1])):
+    if why := family_refusal(spec.shape, cfg.method, cfg.strategy):
         raise invalid(*why)
     if device.type == "cuda" and cfg.attn == "sdpa" and spec.shape.get("attn_logit_softcapping") and cfg.dropout:
         raise invalid("dropout", cfg.dropout, "a model whose attention soft-caps its logits runs FlexAttention on "

@@ -7,7 +7,8 @@ parameters, names and saved files) are applied as the linear layers' are: y = x 
 tokens through their own A and B, as two more grouped GEMMs of rank r beside each expert projection. No
 expert-sized tensor is built, and the frozen experts get no weight gradient.
 
-Applied where transformers computes the experts as grouped GEMMs (its default); peft's own path stays elsewhere.
+Applied where transformers computes the experts as grouped GEMMs (its default), and to QLoRA's 4-bit experts
+(models.experts4bit), whose packed weights peft could not rebuild; peft's own path stays elsewhere.
 Other weights peft adapts as parameters (the routers under all-linear) are rebuilt as W + s B A, as peft does, but
 inside the module's own forward instead of under a parametrization, which torch.compile cannot keep in one graph.
 """
@@ -15,11 +16,13 @@ inside the module's own forward instead of under a parametrization, which torch.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
+
+from tunebench.models.experts4bit import WEIGHTS, Experts4bit
 
 NAME = "tunebench_grouped_lora"
 # the experts implementations this one replaces: transformers' grouped GEMMs, and models.experts' (the same with
@@ -103,11 +106,41 @@ def _project(experts: nn.Module, name: str, x: torch.Tensor, offsets: torch.Tens
     bias = getattr(experts, f"{name}_bias", None) if getattr(experts, "has_bias", False) else None
     y = _grouped_linear(x, getattr(experts, name).to(dtype), offsets,
                         bias=None if bias is None else bias.to(dtype)[ids], is_transposed=experts.is_transposed)
+    return _plus_adapters(y, x, offsets, adapters)
+
+
+def _plus_adapters(y: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, adapters: list[Factors]) -> torch.Tensor:
+    """y (an expert projection of x, tokens sorted by expert) plus each adapter's s B[e] A[e] x, in x's dtype."""
+    from transformers.integrations.moe import _grouped_linear
+
     for lora_a, lora_b, experts_count, scale in adapters:
-        a, b = expert_factors(lora_a, lora_b, experts_count, dtype)
+        a, b = expert_factors(lora_a, lora_b, experts_count, x.dtype)
         low = _grouped_linear(x, a, offsets)  # (tokens, r): x A[e]^T
         y = y + scale * _grouped_linear(low, b, offsets)
     return y
+
+
+class AdaptedExperts4bit(Experts4bit):
+    """QLoRA's 4-bit experts (models.experts4bit) with the active adapters of each projection added on the routed
+    tokens, as `_forward` adds them to 16-bit experts: the packed weights stay as they are, dequantized as before."""
+
+    def project(self, name: str, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return _plus_adapters(super().project(name, x, offsets), x, offsets, _active(self).get(name, []))
+
+
+@contextmanager
+def shaped_for_peft(model: nn.Module) -> Iterator[None]:
+    """peft sizes an expert weight's adapters from its shape, and a packed 4-bit weight's is its bytes': while this
+    holds, each 4-bit expert weight tells peft its logical shape (E, out, in) where peft reads a partitioned
+    weight's (its `ds_shape`, as under DeepSpeed ZeRO-3). Nothing else of the weight changes."""
+    packed = [getattr(m, w) for m in model.modules() if isinstance(m, Experts4bit) for w in WEIGHTS]
+    for p in packed:
+        p.ds_shape = torch.Size(p.quant_state.shape)
+    try:
+        yield
+    finally:
+        for p in packed:
+            del p.ds_shape
 
 
 def _forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -175,35 +208,40 @@ def _adapted_class(cls: type) -> type:
 
 
 def use_grouped_expert_adapters(model: nn.Module) -> int:
-    """Route every adapted experts module of `model` (a peft model) through `_forward`, and every other weight peft
-    adapts as a parameter (a router's) through `_adapted_forward`; the number of experts modules routed. No
+    """Route every adapted experts module of `model` (a peft model) through `_forward` (4-bit experts through
+    AdaptedExperts4bit), and every other weight peft adapts as a parameter (a router's) through `_adapted_class`;
+    the number of experts modules routed. No
     ParamWrapper parametrizes its weight any more (its `_activate_lora` does nothing): the modules read their
     adapters from those wrappers at each call, so merging, disabling and saving stay peft's."""
     from peft.tuners.lora.layer import ParamWrapper
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # experts transformers runs another way (its eager loop, 4-bit experts) keep peft's rebuilt weights
+    # experts transformers runs another way (its eager loop) keep peft's rebuilt weights
     grouped = getattr(base.config, "_experts_implementation", None) in GROUPED
     outer = [m for m in model.modules() if isinstance(m, ParamWrapper)]
     inner = {id(m.base_layer) for m in outer}
-    routed = 0
+    routed, implemented = 0, False
     for top in (m for m in outer if id(m) not in inner):
         chain, layer = [], top
         while isinstance(layer, ParamWrapper):
             chain.append(layer)
             layer = layer.base_layer
         experts = any(w.num_experts > 1 for w in chain)
-        if experts and not grouped:
+        packed = isinstance(layer, Experts4bit)  # its own forward, whatever transformers' implementation
+        if experts and not (grouped or packed):
             continue
         for w in chain:
             w._activate_lora = _no_parametrization
         layer.__dict__[_WRAPPERS] = chain
-        if experts:
-            routed += 1  # the experts implementation below reads them
+        if packed:
+            layer.__class__ = AdaptedExperts4bit
+        elif experts:
+            implemented = True  # the experts implementation below reads them
         else:  # a router's 2-D weight, rebuilt in its own forward (peft's parametrization makes a new class at
             # every call, which torch.compile traces again at every step)
             layer.__class__ = _adapted_class(type(layer))
-    if routed:
+        routed += experts
+    if implemented:
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
         ALL_EXPERTS_FUNCTIONS.register(NAME, _forward)  # registering again is harmless

@@ -11,9 +11,9 @@ from __future__ import annotations
 from torch import nn
 
 from tunebench.config import RunConfig
-from tunebench.config.targets import EXPERT_WEIGHTS, EXPERTS, split_targets
+from tunebench.config.targets import EXPERT_WEIGHTS, split_targets
 from tunebench.errors import invalid
-from tunebench.methods.expert_adapters import use_grouped_expert_adapters
+from tunebench.methods.expert_adapters import shaped_for_peft, use_grouped_expert_adapters
 
 
 def _is_linear(m: nn.Module) -> bool:
@@ -27,15 +27,12 @@ def expert_parameters(model: nn.Module) -> list[str]:
 
 
 def check_targets(model: nn.Module, targets: list[str], quantized: bool = False) -> None:
-    """Refuse target names that match no linear layer (peft matches a name or a dotted suffix), and expert targets
-    where the model has no experts or they are 4-bit (`quantized`: QLoRA's; peft adapts 3-D weights, not 4-bit
-    ones)."""
+    """Refuse target names that match no linear layer (peft matches a name or a dotted suffix), expert targets
+    where the model has no experts, and on QLoRA's mixture of experts (`quantized`) the names peft would turn into
+    its experts' weights."""
     modules, params = split_targets(targets)
     if params:
         found = expert_parameters(model)
-        if quantized or any(type(m).__name__ == "Experts4bit" for m in model.modules()):
-            raise invalid("lora_targets", EXPERTS, "QLoRA's experts are 4-bit, and peft adapts only unquantized "
-                                                   "expert weights: use method lora, or adapt attention only")
         for t in params:
             if not any(f == t or f.endswith("." + t) for f in found):
                 has = sorted({".".join(f.split(".")[-2:]) for f in found})
@@ -45,7 +42,7 @@ def check_targets(model: nn.Module, targets: list[str], quantized: bool = False)
         return
     if quantized and expert_parameters(model) and (named := EXPERT_NAMES_IN_PEFT.intersection(modules)):
         raise invalid("lora_targets", sorted(named)[0], "on a mixture of experts peft turns this name into the "
-                                                        "experts' weights, which QLoRA keeps in 4 bits (use lora)")
+                                                        "experts' weights: with QLoRA name them `experts`")
     linears = [n for n, m in model.named_modules() if n and _is_linear(m)]
     for t in modules:
         if not any(n == t or n.endswith("." + t) for n in linears):
@@ -88,6 +85,7 @@ def apply_lora(model: nn.Module, cfg: RunConfig) -> nn.Module:
         # module, while the experts' adapters do get that rank
         warnings.filterwarnings("ignore", message="The following (rank|alpha)_pattern keys did not match")
         # peft keeps bf16 bases' adapters in fp32 (trained under autocast); bf16-pure stores them in bf16 too
-        model = get_peft_model(model, lcfg, autocast_adapter_dtype=cfg.precision != "bf16-pure")
+        with shaped_for_peft(model):  # QLoRA's 4-bit experts, adapted where `experts` is named
+            model = get_peft_model(model, lcfg, autocast_adapter_dtype=cfg.precision != "bf16-pure")
     use_grouped_expert_adapters(model)
     return model

@@ -111,6 +111,11 @@ class Experts4bit(nn.Module):
     def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self._gate(self, gate_up)
 
+    def project(self, name: str, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Expert weight `name` over tokens sorted by expert (`offsets`: each group's end); LoRA's experts add their
+        adapters here (methods.expert_adapters)."""
+        return _project(x, offsets, getattr(self, name), self.recomputed)
+
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         k, tokens, width = top_k_index.shape[-1], hidden_states.shape[0], hidden_states.shape[-1]
@@ -120,8 +125,8 @@ class Experts4bit(nn.Module):
         counts = torch.histc(experts.float() if experts.device.type == "cpu" else experts.int(), bins=self.num_experts,
                              min=0, max=self.num_experts - 1)
         offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-        h = self._apply_gate(_project(x, offsets, self.gate_up_proj, self.recomputed))
-        out = _project(h, offsets, self.down_proj, self.recomputed) * top_k_weights.reshape(-1)[order].unsqueeze(-1)
+        h = self._apply_gate(self.project("gate_up_proj", x, offsets))
+        out = self.project("down_proj", h, offsets) * top_k_weights.reshape(-1)[order].unsqueeze(-1)
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel(), device=order.device)
         return out[back].view(tokens, k, width).sum(dim=1).to(hidden_states.dtype)

@@ -107,10 +107,8 @@ def has_experts(shape: dict[str, Any]) -> bool:
     return bool(shape.get("num_local_experts") or shape.get("num_experts") or shape.get("n_routed_experts"))
 
 
-def refusal(shape: dict[str, Any], method: str, strategy: str,
-            expert_targets: bool = False) -> tuple[str, str, str] | None:
-    """(field, value, why) where this model cannot run `method` under `strategy` (`expert_targets`: LoRA targets
-    name the experts), else None."""
+def refusal(shape: dict[str, Any], method: str, strategy: str) -> tuple[str, str, str] | None:
+    """(field, value, why) where this model cannot run `method` under `strategy`, else None."""
     family = family_of(shape)
     if method != "qlora" or not has_experts(shape):
         return None
@@ -121,9 +119,6 @@ def refusal(shape: dict[str, Any], method: str, strategy: str,
         return ("strategy", strategy, f"QLoRA of a mixture of experts ({family.label}) runs under single or ddp: "
                                       "its 4-bit experts are tunebench's own layers, which FSDP2 and DeepSpeed do not "
                                       "shard")
-    if expert_targets:
-        return ("lora_targets", "experts", "QLoRA's experts are 4-bit, and peft adapts only unquantized expert "
-                                           "weights: use method lora, or adapt attention only")
     return None
 
 

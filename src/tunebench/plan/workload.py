@@ -319,7 +319,7 @@ def workload(cfg: RunConfig, world: int, evaluates: bool = False) -> Workload:
                         f"{spec.shape.get('model_type', 'this one')}")
     strategy = STRATEGIES[cfg.strategy]
     strategy.check(cfg, world, packages=False)
-    if why := family_refusal(spec.shape, cfg.method, cfg.strategy, bool(split_targets(cfg.lora_targets)[1])):
+    if why := family_refusal(spec.shape, cfg.method, cfg.strategy):
         raise UserError(f"invalid {why[0]}={why[1]}: {why[2]}")
     cfg = resolve(cfg, strategy, "cuda", c.per_block)
     if cfg.method != "full":
