@@ -157,10 +157,11 @@ def _llama_block(w: Workload) -> float:
 
 
 def _frozen_mlp(w: Workload) -> bool:
-    """Every block's MLP is experts that no adapter touches (nor their router): the adapters are attention's, and
-    backward needs nothing of the MLP's input (benchmarks/probes/memory_probe.py --peak-live shows what is kept)."""
+    """Every block's MLP is experts whose router no adapter touches: backward needs nothing of the MLP's normed
+    input (frozen experts need only their weights; adapted ones keep the tokens they gathered from it, counted with
+    the experts), nor of its norm (benchmarks/probes/memory_probe.py --peak-live shows what is kept)."""
     return (not w.full and bool(w.experts) and w.experts.sparse == w.layers
-            and all(t.kind == "linear" for t in w.targets))
+            and all(t.kind != "router" for t in w.targets))
 
 
 def _gpt2_block(w: Workload) -> float:

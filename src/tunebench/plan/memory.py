@@ -242,6 +242,10 @@ def _step_temps(w: Workload) -> float:
         return 0.0
     if w.deepspeed:
         return 8 * w.trainable / w.sharded  # fp32 gradients of the partition and the update's buffers (measured)
+    if w.cfg.optimizer in ("adamw_8bit", "paged_adamw_8bit") and not w.full and w.cfg.strategy != "fsdp":
+        # bitsandbytes' 8-bit AdamW over adapters steps them packed (engine.optim.packed): every adapter and its
+        # gradient concatenated into one tensor each for the step (FSDP2's shards are stepped one by one)
+        return 2 * w.param_bytes * w.trainable
     # foreach AdamW: one temporary in the params' dtype
     return w.param_bytes * w.trainable / w.sharded if w.cfg.optimizer == "adamw" else 0.0
 
