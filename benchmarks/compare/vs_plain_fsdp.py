@@ -81,6 +81,7 @@ def _our_config(a: argparse.Namespace, side: str, world: int):
 
     return RunConfig(model=a.model, method="full", seq_len=a.seq_len, batch_size=a.batch_size, steps=a.steps,
                      warmup=a.warmup, optimizer="adamw_fused" if a.device == "cuda" else "adamw", grad_clip=1.0,
+                     precision=a.precision,
                      grad_ckpt=side.startswith("ours-ckpt"), ckpt_traced=not side.endswith("-around"),
                      device=a.device, strategy="fsdp", nproc_per_node=world,
                      telemetry=False, tag=["vs_plain_fsdp"])
@@ -102,8 +103,8 @@ def palm_flops_per_token(model: str, seq_len: int) -> float:
     from tunebench.models.spec import resolve_model
 
     spec = resolve_model(model)
-    n = counts(spec)
-    return 6 * (n.total - n.embeddings) + 12 * spec.num_layers * spec.hidden_size * seq_len
+    n = counts(spec)  # a mixture of experts: the weights one token multiplies by (its k experts, the routers)
+    return 6 * (n.matmul if n.experts else n.total - n.embeddings) + 12 * spec.num_layers * spec.hidden_size * seq_len
 
 
 def main() -> None:
@@ -114,6 +115,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--precision", default="auto", help="ours: RunConfig's precision (bf16-pure: bf16 weights and "
+                                                        "states, where fp32 masters do not fit)")
     p.add_argument("--profile", type=int, default=0, help="then profile this many steps per side (GPU time by kind "
                                                            "of kernel; ours then runs under torchrun from the "
                                                            "runner's pieces, not through tunebench.run)")
@@ -127,7 +130,8 @@ def main() -> None:
     if as_side_process(a, rank, ours):
         return
     shape = ["--model", a.model, "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps",
-             str(a.steps), "--warmup", str(a.warmup), "--device", a.device, "--profile", str(a.profile)]
+             str(a.steps), "--warmup", str(a.warmup), "--device", a.device, "--profile", str(a.profile),
+             "--precision", a.precision]
     results: list[dict] = []
     for side in chosen(p, a, SIDES):
         results.append(run_side(__file__, side, a.gpus, shape, a.side_timeout, torchrun=a.profile > 0))
