@@ -1,9 +1,11 @@
-"""The packed bitsandbytes step (engine.optim): exactly the per-tensor update, in one call, and resumable."""
+"""The packed bitsandbytes step (engine.optim): exactly the per-tensor update, in a few calls, and resumable, from a
+state saved with its buffers cut otherwise too."""
 
 import pytest
 import torch
 
 from tunebench.config import RunConfig
+from tunebench.engine import optim
 from tunebench.engine.optim import build_optimizer, packed
 
 bnb = pytest.importorskip("bitsandbytes")
@@ -45,6 +47,41 @@ def test_packed_step_equals_the_per_tensor_one(cls, device):
         assert torch.equal(a, b) and not torch.equal(a, start)  # moved, and identically
         assert b.grad is None
     assert all(flat.numel() == 0 for flat, _ in opt.packs)  # nothing held between steps
+
+
+@pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")
+@pytest.mark.parametrize("cls", [bnb.optim.AdamW8bit, bnb.optim.PagedAdamW8bit])
+def test_bounded_buffers_step_as_the_per_tensor_one(cls, monkeypatch):
+    """Buffers of at most 8,192 elements (fp32: 16x512 + 512x16 | 16x256, a tensor larger alone its own): the
+    per-tensor update, the step's copies a buffer at a time."""
+    monkeypatch.setattr(optim, "PACK_ELEMENTS", 16 * 512)
+    alone, together = _params(), _params()
+    ref, opt = cls(alone, lr=1e-2, weight_decay=0.01), packed(cls)(together, lr=1e-2, weight_decay=0.01)
+    assert [len(ps) for _, ps in opt.packs] == [1, 1, 1, 1, 1] and opt.cuts == [[3, 2]]
+    _steps(ref, alone, range(4))
+    _steps(opt, together, range(4))
+    assert all(torch.equal(a, b) for a, b in zip(alone, together))
+
+
+@pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")
+def test_a_state_saved_with_whole_buffers_continues_in_bounded_ones(monkeypatch):
+    """A checkpoint's optimizer state from one buffer per dtype (as saved before the bound) loads into bounded
+    buffers and continues exactly as the run that never stopped."""
+    cls = packed(bnb.optim.PagedAdamW8bit)
+    whole = _params()
+    opt = cls(whole, lr=1e-2)
+    _steps(opt, whole, range(6))
+    first = _params()
+    opt1 = cls(first, lr=1e-2)
+    _steps(opt1, first, range(3))
+    state = opt1.state_dict()
+    monkeypatch.setattr(optim, "PACK_ELEMENTS", 16 * 256)
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
+    opt2 = cls(resumed, lr=1e-2)
+    assert len(opt2.packs) > len(opt1.packs)
+    opt2.load_state_dict(state)
+    _steps(opt2, resumed, range(3, 6))
+    assert all(torch.equal(a, b) for a, b in zip(whole, resumed))
 
 
 @pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")

@@ -31,10 +31,20 @@ from tunebench.config.base import (
 )
 from tunebench.config.bench import HwConfig, InferConfig, LoadConfig
 from tunebench.config.evaluation import EvalConfig
-from tunebench.config.run import BNB_OPTIMIZERS, Method, Objective, Optimizer, Precision, RunConfig, Strategy
+from tunebench.config.run import (
+    BNB_OPTIMIZERS,
+    PACKED_ELEMENTS,
+    Method,
+    Objective,
+    Optimizer,
+    Precision,
+    RunConfig,
+    Strategy,
+)
 from tunebench.config.train import TrainConfig
 
-__all__ = ["BNB_OPTIMIZERS", "LAUNCH", "MEASUREMENT", "EvalConfig", "HwConfig", "InferConfig", "LoadConfig", "Method",
+__all__ = ["BNB_OPTIMIZERS", "LAUNCH", "MEASUREMENT", "PACKED_ELEMENTS",
+           "EvalConfig", "HwConfig", "InferConfig", "LoadConfig", "Method",
            "Objective", "Optimizer", "Precision", "RunConfig", "Strategy", "TrainConfig", "build_config", "config_hash",
            "fields_with_role", "identity", "load_config", "not_levers", "parse_bytes", "read_yaml", "workload_key"]
 

@@ -16,6 +16,9 @@ Objective = Literal["sft", "dpo", "simpo", "orpo"]  # tunebench.engine.preferenc
 PREFERENCE_KEYS = {"beta": ("dpo", "simpo", "orpo"), "label_smoothing": ("dpo", "simpo"), "dpo_loss": ("dpo",),
                    "simpo_gamma": ("simpo",), "precompute_reference": ("dpo",)}  # the objectives each key is for
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
+# their step over adapters gathers them into buffers of at most this many elements (engine.optim; plan.memory counts
+# one buffer's copies)
+PACKED_ELEMENTS = 1 << 26
 # Far beyond any real run, and small enough that nothing downstream overflows or preallocates absurdly.
 MAX_BATCH, MAX_SEQ, MAX_STEPS, MAX_TOKENS_PER_STEP = 2**16, 2**21, 10**9, 2**31
 

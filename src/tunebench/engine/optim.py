@@ -2,10 +2,13 @@
 
 bitsandbytes steps one tensor at a time and synchronizes the GPU after each (`sync_gpu`): with LoRA on every
 linear layer of a 7B model that is 448 host round trips per step, the GPU idle through each of them
-(benchmarks/results/qlora-lora.md). `packed` makes its step see the adapters as one tensor: their values and
-gradients are gathered into one flat buffer per dtype, stepped by one call, and copied back. Its 8-bit states
-are quantized in blocks of 256 elements, so a tensor whose size is a multiple of 256 (and above bitsandbytes'
-8-bit minimum) gets exactly the update it would get alone; other tensors are stepped as before.
+(benchmarks/results/qlora-lora.md). `packed` makes its step see the adapters as a few tensors: their values and
+gradients are gathered into flat buffers per dtype of at most PACK_ELEMENTS each, stepped one buffer at a time and
+copied back, so the step's copies are two buffers' worth whatever the adapters' size (a mixture of experts'
+adapters on every expert outweigh the rest of a QLoRA model). Its 8-bit states are quantized in blocks of 256
+elements, so a tensor whose size is a multiple of 256 (and above bitsandbytes' 8-bit minimum) gets exactly the
+update it would get alone; other tensors are stepped as before. A saved state of one buffer per dtype (before
+the bound) is cut to today's buffers as it loads.
 
 Weight decay (`param_groups`) skips biases, norms and embeddings, as docs/training.md states.
 """
@@ -19,10 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from tunebench.config import RunConfig
+from tunebench.config import PACKED_ELEMENTS, RunConfig
 
 QUANT_BLOCK = 256  # bitsandbytes' blockwise 8-bit optimizer states: one scale per 256 elements
 MIN_8BIT = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep 32-bit states
+PACK_ELEMENTS = PACKED_ELEMENTS  # a buffer's elements at most (a tensor larger alone is a buffer of its own)
 
 
 # Hugging Face Trainer's names of parameters it does not decay (Trainer.get_decay_parameter_names, transformers 5),
@@ -82,14 +86,49 @@ def _packable(p: torch.Tensor) -> bool:
     return type(p.data) is torch.Tensor and p.numel() >= MIN_8BIT and p.numel() % QUANT_BLOCK == 0
 
 
+def _runs(ps: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """`ps` in order, cut into runs of at most PACK_ELEMENTS elements."""
+    runs: list[list[torch.Tensor]] = []
+    count = PACK_ELEMENTS
+    for p in ps:
+        if count + p.numel() > PACK_ELEMENTS:
+            runs.append([])
+            count = 0
+        runs[-1].append(p)
+        count += p.numel()
+    return runs
+
+
+def _cut(state: dict[str, Any], numels: list[int]) -> list[dict[str, Any]]:
+    """One buffer's bitsandbytes state as the states of consecutive buffers of `numels` elements: the 8-bit states
+    element by element, their scales block by block (every buffer is whole blocks), the rest (codebooks, step)
+    copied to each."""
+    total, out = sum(numels), [{} for _ in numels]
+    for key, v in state.items():
+        if torch.is_tensor(v) and key.startswith(("state", "absmax")):
+            per = 1 if key.startswith("state") else QUANT_BLOCK
+            if v.numel() * per != total:
+                raise ValueError(f"cannot resume: the optimizer state {key} ({v.numel()} values) does not lay out "
+                                 f"a packed buffer of {total} elements")
+            parts = [t.clone() for t in v.reshape(-1).split([n // per for n in numels])]
+        elif isinstance(v, dict):  # bitsandbytes keeps its quantized states in a dict of their own
+            parts = _cut(v, numels)
+        else:
+            parts = [v.clone() if torch.is_tensor(v) else v for _ in numels]
+        for o, part in zip(out, parts):
+            o[key] = part
+    return out
+
+
 def packed(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
-    """`cls` (a bitsandbytes optimizer) stepping its packable tensors as one per (device, dtype)."""
+    """`cls` (a bitsandbytes optimizer) stepping its packable tensors as a few buffers per (device, dtype)."""
 
     class Packed(cls):
         def __init__(self, params: Params, **kw):
             params = list(params)
             groups = params if params and isinstance(params[0], dict) else [{"params": params}]
             self.packs: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+            self.cuts: list[list[int]] = []  # per group: how many buffers each (device, dtype)'s tensors make
             stepped = []
             for group in groups:  # packed within a group: a pack steps with one group's settings (weight decay)
                 same: dict[tuple, list[torch.Tensor]] = {}
@@ -98,26 +137,66 @@ def packed(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
                         same.setdefault((p.device, p.dtype), []).append(p)
                 # each pack: a tensor the optimizer keys its state by, empty between steps (no memory kept), and
                 # the model's tensors it stands for
-                packs = [(torch.empty(0, device=d, dtype=t), ps) for (d, t), ps in same.items() if len(ps) > 1]
+                runs = [(d, t, _runs(ps)) for (d, t), ps in same.items() if len(ps) > 1]
+                packs = [(torch.empty(0, device=d, dtype=t), run) for d, t, rs in runs for run in rs]
+                self.cuts.append([len(rs) for _, _, rs in runs])
                 inside = {id(p) for _, ps in packs for p in ps}
                 self.packs += packs
                 stepped.append(group | {"params": [flat for flat, _ in packs] +
                                         [p for p in group["params"] if id(p) not in inside]})
             self.sizes = [[p.numel() for p in ps] for _, ps in self.packs]
             super().__init__(stepped, **kw)
+            packs = {id(flat) for flat, _ in self.packs}
+            self.alone = [p for g in self.param_groups for p in g["params"] if id(p) not in packs]
 
         @torch.no_grad()
         def step(self, closure=None):
-            for flat, ps in self.packs:
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            # one buffer at a time: bitsandbytes steps what has a gradient, so every other buffer has none and the
+            # tensors stepped alone have theirs back for the last call
+            alone = [(p, p.grad) for p in self.alone if p.grad is not None]
+            for p, _ in alone:
+                p.grad = None
+            for (flat, ps), sizes in zip(self.packs, self.sizes):
                 flat.data = torch.cat([p.reshape(-1) for p in ps])
                 # a tensor without a gradient this step is stepped with a zero one (peft's adapters always have one)
                 flat.grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                                        for p in ps])
-            loss = super().step(closure)
-            for (flat, ps), sizes in zip(self.packs, self.sizes):
+                super().step()
                 torch._foreach_copy_(ps, [v.view_as(p) for v, p in zip(flat.split(sizes), ps)])
                 flat.data, flat.grad = flat.data.new_empty(0), None
+            for p, g in alone:
+                p.grad = g
+            if alone:
+                super().step()
             return loss
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            saved = [len(g["params"]) for g in state_dict["param_groups"]]
+            whole = [len(g["params"]) - sum(c) + len(c) for g, c in zip(self.param_groups, self.cuts)]
+            if saved != [len(g["params"]) for g in self.param_groups] and saved == whole:
+                state_dict = self._cut_whole_packs(state_dict)
+            super().load_state_dict(state_dict)
+
+        def _cut_whole_packs(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+            """A state saved with one buffer per (device, dtype) as this optimizer's buffers' states."""
+            numels = iter([sum(sizes) for sizes in self.sizes])
+            old, state, groups, index = state_dict["state"], {}, [], 0
+            for saved, cuts in zip(state_dict["param_groups"], self.cuts):
+                pieces: list[dict | None] = []
+                for i, key in enumerate(saved["params"]):
+                    if i < len(cuts):  # a whole buffer: its state cut as this optimizer cuts its tensors
+                        parts = [next(numels) for _ in range(cuts[i])]
+                        pieces += _cut(old[key], parts) if key in old else [None] * len(parts)
+                    else:  # a tensor stepped alone
+                        pieces.append(old.get(key))
+                groups.append(saved | {"params": list(range(index, index + len(pieces)))})
+                state |= {index + j: piece for j, piece in enumerate(pieces) if piece is not None}
+                index += len(pieces)
+            return {"state": state, "param_groups": groups}
 
         def zero_grad(self, set_to_none: bool = True) -> None:
             super().zero_grad(set_to_none)

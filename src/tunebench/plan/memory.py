@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tunebench.config import BNB_OPTIMIZERS, PACKED_ELEMENTS
 from tunebench.plan.activations import Activations, activations
 from tunebench.plan.calibration import CAL
 from tunebench.plan.workload import Workload
@@ -242,10 +243,10 @@ def _step_temps(w: Workload) -> float:
         return 0.0
     if w.deepspeed:
         return 8 * w.trainable / w.sharded  # fp32 gradients of the partition and the update's buffers (measured)
-    if w.cfg.optimizer in ("adamw_8bit", "paged_adamw_8bit") and not w.full and w.cfg.strategy != "fsdp":
-        # bitsandbytes' 8-bit AdamW over adapters steps them packed (engine.optim.packed): every adapter and its
-        # gradient concatenated into one tensor each for the step (FSDP2's shards are stepped one by one)
-        return 2 * w.param_bytes * w.trainable
+    if w.cfg.optimizer in BNB_OPTIMIZERS and not w.full and w.cfg.strategy != "fsdp":
+        # bitsandbytes' 8-bit AdamW over adapters steps them packed (engine.optim.packed): one buffer of adapters
+        # and one of their gradients at a time (FSDP2's shards are stepped one by one)
+        return 2 * w.param_bytes * min(w.trainable, PACKED_ELEMENTS)
     # foreach AdamW: one temporary in the params' dtype
     return w.param_bytes * w.trainable / w.sharded if w.cfg.optimizer == "adamw" else 0.0
 
