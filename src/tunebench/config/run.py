@@ -18,7 +18,7 @@ PREFERENCE_KEYS = {"beta": ("dpo", "simpo", "orpo"), "label_smoothing": ("dpo", 
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 # their step over adapters gathers them into buffers of at most this many elements (engine.optim; plan.memory counts
 # one buffer's copies)
-PACKED_ELEMENTS = 1 << 26
+PACKED_ELEMENTS = 1 << 28
 # Far beyond any real run, and small enough that nothing downstream overflows or preallocates absurdly.
 MAX_BATCH, MAX_SEQ, MAX_STEPS, MAX_TOKENS_PER_STEP = 2**16, 2**21, 10**9, 2**31
 

@@ -120,6 +120,50 @@ def _cut(state: dict[str, Any], numels: list[int]) -> list[dict[str, Any]]:
     return out
 
 
+Pack = tuple[torch.Tensor, list[torch.Tensor]]  # a tensor the optimizer keys its state by, and what it stands for
+
+
+def _packs(groups: list[dict]) -> tuple[list[Pack], list[list[int]], list[dict]]:
+    """The packs of `groups` (packed within a group: a pack steps with one group's settings, weight decay), how many
+    buffers each group's (device, dtype) tensors make, and the groups as the optimizer steps them: their packs, then
+    the tensors stepped alone. A pack's tensor is empty between steps (no memory kept)."""
+    packs: list[Pack] = []
+    cuts: list[list[int]] = []
+    stepped = []
+    for group in groups:
+        same: dict[tuple, list[torch.Tensor]] = {}
+        for p in group["params"]:
+            if p.requires_grad and _packable(p):
+                same.setdefault((p.device, p.dtype), []).append(p)
+        runs = [(d, t, _runs(ps)) for (d, t), ps in same.items() if len(ps) > 1]
+        mine = [(torch.empty(0, device=d, dtype=t), run) for d, t, rs in runs for run in rs]
+        cuts.append([len(rs) for _, _, rs in runs])
+        inside = {id(p) for _, ps in mine for p in ps}
+        packs += mine
+        stepped.append(group | {"params": [flat for flat, _ in mine] +
+                                [p for p in group["params"] if id(p) not in inside]})
+    return packs, cuts, stepped
+
+
+def _cut_whole_packs(state_dict: dict[str, Any], cuts: list[list[int]], numels: list[int]) -> dict[str, Any]:
+    """A state saved with one buffer per (device, dtype) (before the bound) as the states of today's buffers
+    (`cuts`: per group, the buffers each whole one makes; `numels`: every buffer's elements, in order)."""
+    left = iter(numels)
+    old, state, groups, index = state_dict["state"], {}, [], 0
+    for saved, cut in zip(state_dict["param_groups"], cuts):
+        pieces: list[dict | None] = []
+        for i, key in enumerate(saved["params"]):
+            if i < len(cut):  # a whole buffer: its state cut as today's buffers cut its tensors
+                parts = [next(left) for _ in range(cut[i])]
+                pieces += _cut(old[key], parts) if key in old else [None] * len(parts)
+            else:  # a tensor stepped alone
+                pieces.append(old.get(key))
+        groups.append(saved | {"params": list(range(index, index + len(pieces)))})
+        state |= {index + j: piece for j, piece in enumerate(pieces) if piece is not None}
+        index += len(pieces)
+    return {"state": state, "param_groups": groups}
+
+
 def packed(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
     """`cls` (a bitsandbytes optimizer) stepping its packable tensors as a few buffers per (device, dtype)."""
 
@@ -127,23 +171,7 @@ def packed(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
         def __init__(self, params: Params, **kw):
             params = list(params)
             groups = params if params and isinstance(params[0], dict) else [{"params": params}]
-            self.packs: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
-            self.cuts: list[list[int]] = []  # per group: how many buffers each (device, dtype)'s tensors make
-            stepped = []
-            for group in groups:  # packed within a group: a pack steps with one group's settings (weight decay)
-                same: dict[tuple, list[torch.Tensor]] = {}
-                for p in group["params"]:
-                    if p.requires_grad and _packable(p):
-                        same.setdefault((p.device, p.dtype), []).append(p)
-                # each pack: a tensor the optimizer keys its state by, empty between steps (no memory kept), and
-                # the model's tensors it stands for
-                runs = [(d, t, _runs(ps)) for (d, t), ps in same.items() if len(ps) > 1]
-                packs = [(torch.empty(0, device=d, dtype=t), run) for d, t, rs in runs for run in rs]
-                self.cuts.append([len(rs) for _, _, rs in runs])
-                inside = {id(p) for _, ps in packs for p in ps}
-                self.packs += packs
-                stepped.append(group | {"params": [flat for flat, _ in packs] +
-                                        [p for p in group["params"] if id(p) not in inside]})
+            self.packs, self.cuts, stepped = _packs(groups)
             self.sizes = [[p.numel() for p in ps] for _, ps in self.packs]
             super().__init__(stepped, **kw)
             packs = {id(flat) for flat, _ in self.packs}
@@ -178,25 +206,8 @@ def packed(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
             saved = [len(g["params"]) for g in state_dict["param_groups"]]
             whole = [len(g["params"]) - sum(c) + len(c) for g, c in zip(self.param_groups, self.cuts)]
             if saved != [len(g["params"]) for g in self.param_groups] and saved == whole:
-                state_dict = self._cut_whole_packs(state_dict)
+                state_dict = _cut_whole_packs(state_dict, self.cuts, [sum(sizes) for sizes in self.sizes])
             super().load_state_dict(state_dict)
-
-        def _cut_whole_packs(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-            """A state saved with one buffer per (device, dtype) as this optimizer's buffers' states."""
-            numels = iter([sum(sizes) for sizes in self.sizes])
-            old, state, groups, index = state_dict["state"], {}, [], 0
-            for saved, cuts in zip(state_dict["param_groups"], self.cuts):
-                pieces: list[dict | None] = []
-                for i, key in enumerate(saved["params"]):
-                    if i < len(cuts):  # a whole buffer: its state cut as this optimizer cuts its tensors
-                        parts = [next(numels) for _ in range(cuts[i])]
-                        pieces += _cut(old[key], parts) if key in old else [None] * len(parts)
-                    else:  # a tensor stepped alone
-                        pieces.append(old.get(key))
-                groups.append(saved | {"params": list(range(index, index + len(pieces)))})
-                state |= {index + j: piece for j, piece in enumerate(pieces) if piece is not None}
-                index += len(pieces)
-            return {"state": state, "param_groups": groups}
 
         def zero_grad(self, set_to_none: bool = True) -> None:
             super().zero_grad(set_to_none)

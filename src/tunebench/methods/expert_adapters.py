@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tunebench.models.experts4bit import WEIGHTS, Experts4bit
+from tunebench.config.targets import EXPERT_WEIGHTS
 
 NAME = "tunebench_grouped_lora"
 # the experts implementations this one replaces: transformers' grouped GEMMs, and models.experts' (the same with
@@ -120,12 +120,28 @@ def _plus_adapters(y: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, adap
     return y
 
 
-class AdaptedExperts4bit(Experts4bit):
-    """QLoRA's 4-bit experts (models.experts4bit) with the active adapters of each projection added on the routed
-    tokens, as `_forward` adds them to 16-bit experts: the packed weights stay as they are, dequantized as before."""
+PACKED_EXPERTS = "Experts4bit"  # models.experts4bit's class: QLoRA's 4-bit experts, a sibling layer (by name)
 
-    def project(self, name: str, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return _plus_adapters(super().project(name, x, offsets), x, offsets, _active(self).get(name, []))
+
+def _is_packed(module: nn.Module) -> bool:
+    return any(c.__name__ == PACKED_EXPERTS for c in type(module).__mro__)
+
+
+def _adapted_packed_class(cls: type) -> type:
+    """QLoRA's 4-bit experts class with the active adapters of each projection added on the routed tokens, as
+    `_forward` adds them to 16-bit experts (its `project` is where models.experts4bit lets them in): the packed
+    weights stay as they are, dequantized as before. One class for all such modules, as `_adapted_class`."""
+    if cls in _PACKED_CLASSES.values():  # routed already
+        return cls
+    if cls not in _PACKED_CLASSES:
+        def project(self: nn.Module, name: str, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+            return _plus_adapters(cls.project(self, name, x, offsets), x, offsets, _active(self).get(name, []))
+
+        _PACKED_CLASSES[cls] = type(cls.__name__, (cls,), {"project": project, "__module__": cls.__module__})
+    return _PACKED_CLASSES[cls]
+
+
+_PACKED_CLASSES: dict[type, type] = {}
 
 
 @contextmanager
@@ -133,7 +149,7 @@ def shaped_for_peft(model: nn.Module) -> Iterator[None]:
     """peft sizes an expert weight's adapters from its shape, and a packed 4-bit weight's is its bytes': while this
     holds, each 4-bit expert weight tells peft its logical shape (E, out, in) where peft reads a partitioned
     weight's (its `ds_shape`, as under DeepSpeed ZeRO-3). Nothing else of the weight changes."""
-    packed = [getattr(m, w) for m in model.modules() if isinstance(m, Experts4bit) for w in WEIGHTS]
+    packed = [getattr(m, w) for m in model.modules() if _is_packed(m) for w in EXPERT_WEIGHTS]
     for p in packed:
         p.ds_shape = torch.Size(p.quant_state.shape)
     try:
@@ -209,7 +225,7 @@ def _adapted_class(cls: type) -> type:
 
 def use_grouped_expert_adapters(model: nn.Module) -> int:
     """Route every adapted experts module of `model` (a peft model) through `_forward` (4-bit experts through
-    AdaptedExperts4bit), and every other weight peft adapts as a parameter (a router's) through `_adapted_class`;
+    `_adapted_packed_class`), and every other weight peft adapts as a parameter (a router's) through `_adapted_class`;
     the number of experts modules routed. No
     ParamWrapper parametrizes its weight any more (its `_activate_lora` does nothing): the modules read their
     adapters from those wrappers at each call, so merging, disabling and saving stay peft's."""
@@ -227,14 +243,14 @@ def use_grouped_expert_adapters(model: nn.Module) -> int:
             chain.append(layer)
             layer = layer.base_layer
         experts = any(w.num_experts > 1 for w in chain)
-        packed = isinstance(layer, Experts4bit)  # its own forward, whatever transformers' implementation
+        packed = _is_packed(layer)  # its own forward, whatever transformers' implementation
         if experts and not (grouped or packed):
             continue
         for w in chain:
             w._activate_lora = _no_parametrization
         layer.__dict__[_WRAPPERS] = chain
         if packed:
-            layer.__class__ = AdaptedExperts4bit
+            layer.__class__ = _adapted_packed_class(type(layer))
         elif experts:
             implemented = True  # the experts implementation below reads them
         else:  # a router's 2-D weight, rebuilt in its own forward (peft's parametrization makes a new class at
