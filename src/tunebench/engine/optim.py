@@ -26,7 +26,9 @@ from tunebench.config import PACKED_ELEMENTS, RunConfig
 
 QUANT_BLOCK = 256  # bitsandbytes' blockwise 8-bit optimizer states: one scale per 256 elements
 MIN_8BIT = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep 32-bit states
-PACK_ELEMENTS = PACKED_ELEMENTS  # a buffer's elements at most (a tensor larger alone is a buffer of its own)
+# a buffer's elements at most (a tensor larger alone is a buffer of its own); read at each optimizer's making, so a
+# test can bound it smaller
+PACK_ELEMENTS = PACKED_ELEMENTS
 
 
 # Hugging Face Trainer's names of parameters it does not decay (Trainer.get_decay_parameter_names, transformers 5),

@@ -127,6 +127,9 @@ def _is_packed(module: nn.Module) -> bool:
     return any(c.__name__ == PACKED_EXPERTS for c in type(module).__mro__)
 
 
+_PACKED_CLASSES: dict[type, type] = {}
+
+
 def _adapted_packed_class(cls: type) -> type:
     """QLoRA's 4-bit experts class with the active adapters of each projection added on the routed tokens, as
     `_forward` adds them to 16-bit experts (its `project` is where models.experts4bit lets them in): the packed
@@ -139,9 +142,6 @@ def _adapted_packed_class(cls: type) -> type:
 
         _PACKED_CLASSES[cls] = type(cls.__name__, (cls,), {"project": project, "__module__": cls.__module__})
     return _PACKED_CLASSES[cls]
-
-
-_PACKED_CLASSES: dict[type, type] = {}
 
 
 @contextmanager
@@ -226,9 +226,9 @@ def _adapted_class(cls: type) -> type:
 def use_grouped_expert_adapters(model: nn.Module) -> int:
     """Route every adapted experts module of `model` (a peft model) through `_forward` (4-bit experts through
     `_adapted_packed_class`), and every other weight peft adapts as a parameter (a router's) through `_adapted_class`;
-    the number of experts modules routed. No
-    ParamWrapper parametrizes its weight any more (its `_activate_lora` does nothing): the modules read their
-    adapters from those wrappers at each call, so merging, disabling and saving stay peft's."""
+    the number of experts modules routed. No ParamWrapper parametrizes its weight any more (its `_activate_lora` does
+    nothing): the modules read their adapters from those wrappers at each call, so merging, disabling and saving stay
+    peft's."""
     from peft.tuners.lora.layer import ParamWrapper
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -58,8 +58,9 @@ EXPERT_NAMES_IN_PEFT = frozenset({"w1", "w2", "w3", "gate_proj", "up_proj", "dow
 
 
 def _all_linear_of_4bit_experts(model: nn.Module) -> list[str]:
-    """'all-linear' where the experts are 4-bit (QLoRA): the linear layers and the routers, which peft's all-linear
-    would extend to the expert weights it cannot adapt in 4 bits; without the names peft would turn into those
+    """'all-linear' where the experts are 4-bit (QLoRA): the linear layers and the routers, not the expert weights
+    peft's all-linear extends to (QLoRA adapts its 4-bit experts where `experts` is named too, as in
+    `all-linear,experts`, so that all-linear keeps the cost it had); without the names peft would turn into those
     experts (a partly sparse model's dense MLP layers: no adapters there, as under peft's own all-linear)."""
     head = model.get_output_embeddings()
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if n and _is_linear(m) and m is not head}
