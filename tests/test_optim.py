@@ -34,6 +34,25 @@ def _steps(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], seeds: 
         opt.zero_grad(set_to_none=True)
 
 
+def _uninterrupted_and_stopped(cls: type) -> tuple[list, list, torch.optim.Optimizer]:
+    """Six steps of one run, and three of the same run: (the six steps' tensors, the three's, their optimizer)."""
+    whole = _params()
+    _steps(cls(whole, lr=1e-2), whole, range(6))
+    first = _params()
+    opt = cls(first, lr=1e-2)
+    _steps(opt, first, range(3))
+    return whole, first, opt
+
+
+def _resumed(cls: type, first: list, state: dict) -> tuple[list, torch.optim.Optimizer]:
+    """The stopped run's tensors continued from its saved optimizer state for steps 4 to 6."""
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
+    opt = cls(resumed, lr=1e-2)
+    opt.load_state_dict(state)
+    _steps(opt, resumed, range(3, 6))
+    return resumed, opt
+
+
 @pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")
 @pytest.mark.parametrize("cls", [bnb.optim.AdamW8bit, bnb.optim.PagedAdamW8bit])
 @pytest.mark.parametrize("device", DEVICES)
@@ -68,36 +87,18 @@ def test_a_state_saved_with_whole_buffers_continues_in_bounded_ones(monkeypatch)
     """A checkpoint's optimizer state from one buffer per dtype (as saved before the bound) loads into bounded
     buffers and continues exactly as the run that never stopped."""
     cls = packed(bnb.optim.PagedAdamW8bit)
-    whole = _params()
-    opt = cls(whole, lr=1e-2)
-    _steps(opt, whole, range(6))
-    first = _params()
-    opt1 = cls(first, lr=1e-2)
-    _steps(opt1, first, range(3))
-    state = opt1.state_dict()
+    whole, first, opt1 = _uninterrupted_and_stopped(cls)
     monkeypatch.setattr(optim, "PACK_ELEMENTS", 16 * 256)
-    resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
-    opt2 = cls(resumed, lr=1e-2)
+    resumed, opt2 = _resumed(cls, first, opt1.state_dict())
     assert len(opt2.packs) > len(opt1.packs)
-    opt2.load_state_dict(state)
-    _steps(opt2, resumed, range(3, 6))
     assert all(torch.equal(a, b) for a, b in zip(whole, resumed))
 
 
 @pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")
 def test_packed_state_saved_and_loaded_continues_exactly():
     cls = packed(bnb.optim.PagedAdamW8bit)
-    whole = _params()
-    opt = cls(whole, lr=1e-2)
-    _steps(opt, whole, range(6))
-    first = _params()
-    opt1 = cls(first, lr=1e-2)
-    _steps(opt1, first, range(3))
-    state = opt1.state_dict()
-    resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
-    opt2 = cls(resumed, lr=1e-2)
-    opt2.load_state_dict(state)
-    _steps(opt2, resumed, range(3, 6))
+    whole, first, opt1 = _uninterrupted_and_stopped(cls)
+    resumed, _ = _resumed(cls, first, opt1.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(whole, resumed))
 
 
