@@ -55,6 +55,7 @@ class Activations:
     outside: float  # bytes per token kept outside the blocks (final norm, loss)
     attention: str  # the SDPA kernel the planner assumes ("flash", "memory-efficient" or "math")
     note: str
+    final_norm: float = 0.0  # of outside, the final norm's: freed by its backward, before any block's
     per_block: float = 0.0  # bytes a block keeps for backward whatever the tokens (adapted experts' factors)
     routing: float = 0.0  # of per_layer, a mixture of experts' routing (router probabilities, sort and gather indices)
 
@@ -251,4 +252,4 @@ def activations(w: Workload) -> Activations:
             "checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
             if share == 1 else "every block keeps its activations until backward" if share == 0 else
             f"checkpointing one block in {w.cfg.ckpt_every}: those keep their input, the others everything")
-    return Activations(block, kept, outside, kernel, note, _expert_factors(w), routing(w))
+    return Activations(block, kept, outside, kernel, note, final_norm, _expert_factors(w), routing(w))

@@ -50,6 +50,9 @@ class Calibration:
     attention_of_peak: float = fitted(0.95, "share of the dense peak at long sequences",
                                       "cuDNN's and flash's causal kernels, profiled")
     attention_half_seq: float = fitted(4096, "tokens", "the same profiles")
+    attention_kernel_of_peak: float = fitted(0.54, "share of the dense peak the kernel never exceeds",
+                                             "SDPA's causal kernel alone, 8k-128k tokens, grouped keys, H100 "
+                                             "(benchmarks/probes/attention_kernel.py)")
     attention_dropout_slowdown: float = fitted(1.6, "x", "GPT-2 small s2048 with and without dropout, one job")
     fp32_attention_of_peak: float = fitted(0.64, "share of the fp32 peak", "SDPA's memory-efficient kernel, profiled")
     fp32_attention_half_seq: float = fitted(880, "tokens", "the same kernel at 1,024 and 2,048 tokens")

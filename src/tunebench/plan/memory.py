@@ -307,9 +307,10 @@ def memory(w: Workload) -> MemoryPlan:
     grads_in_forward = _grads_in_forward(w, grads)
     acts += _weight_casts(w)
     forward = persistent + grads_in_forward + acts + kept_loss + loss_transient
-    # backward: first the loss's gradients, then (once they are freed) the last block's temporaries
-    backward = (persistent + grads_in_forward + acts + _backward_buffers(w)
-                + max(loss_backward, _head_grad_held(w) + _backward_temps(w, act)))
+    # backward: first the loss's gradients, then (once they and the final norm's saved tensors are freed) the last
+    # block's temporaries (benchmarks/probes/memory_probe.py --peak-live at 32k tokens: the norm's are gone)
+    blocks = _head_grad_held(w) + _backward_temps(w, act) - w.tokens * act.final_norm
+    backward = persistent + grads_in_forward + acts + _backward_buffers(w) + max(loss_backward, blocks)
     if w.collectives == "fsdp":  # the end of backward: every shard's gradient, the root's unsharded bf16 ones
         # still to reduce, and the fp32 reduce-scatter input of the last block reduced
         root = w.counts.embeddings + (0 if w.counts.tied else w.counts.head)

@@ -5,7 +5,7 @@
                vocabulary runs cuBLAS's slow unaligned kernels; float8 GEMMs at their effective speedup, casts
                included; a mixture of experts' grouped GEMMs at the efficiency of a GEMM of each expert's rows
   attention    causal flash attention, forward + backward (2.5x the forward's FLOPs), at a share of the dense peak
-               that grows with the sequence
+               that grows with the sequence up to the kernel's own ceiling
   elementwise  memory-bound kernels: bytes moved per byte an op keeps for backward (per architecture, eager or
                compiled), the loss's logits, QLoRA's dequantization
   optimizer    bytes moved per trained parameter by the step (clipping included); offload=optimizer: DeepSpeed's
@@ -101,7 +101,9 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
         attention_flops = CAL.fp32_attention_of_peak * cfg.seq_len / (cfg.seq_len + CAL.fp32_attention_half_seq) \
             * hw.gpu.fp32_peak_flops
     else:
-        share = CAL.attention_of_peak * cfg.seq_len / (cfg.seq_len + CAL.attention_half_seq)
+        # the profiles' curve, fitted at 512-4,096 tokens, would pass the kernel's own ceiling beyond them
+        share = min(CAL.attention_of_peak * cfg.seq_len / (cfg.seq_len + CAL.attention_half_seq),
+                    CAL.attention_kernel_of_peak)
         attention_flops = share * hw.gpu.peak_flops
     work = {"matmul": gemm, "attention": attention / attention_flops, "elementwise": moved / hw.bandwidth,
             "optimizer": optimizer}
