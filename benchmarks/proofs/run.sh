@@ -112,6 +112,8 @@ planner-long-context)  # held out as planner-oos-4gpu; then attention's kernels 
   python3 benchmarks/probes/attention_kernel.py --repeats 3 --out "$OUT/attention_kernel.json" ;;
 planner-long-context-families)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
+planner-zero2)  # held out as planner-oos-4gpu
+  tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-check)  # each record's prediction against what it measured (the sweep above stored both)
   tb report --out "$OUT/report" > /dev/null && sed -n '/^## Planner/,/^## [^P]/p' "$OUT/report/report.md" ;;
 hardware-inference)  # tunebench hw (collectives too where there are several GPUs), load, infer; HF generate

@@ -12,7 +12,8 @@
                CPU Adam on the host's cores shared by the node's GPUs, and the copies over PCIe, after backward
   host         Python per block and micro-batch (each compiled block's call, the hooks of sharded strategies,
                peft's calls when not compiled; the whole model as one graph: its wrapper's kernel launches): the
-               step takes the longer of the GPU's work and the host's, and a little of the shorter (launch gaps)
+               step takes the longer of the GPU's work and the host's, and a little of the shorter (launch gaps);
+               a strategy's own cost per optimizer step of a full fine-tune (DeepSpeed ZeRO-2's), the GPU idle
   network      the strategy's collectives at the measured bus bandwidth, the part not hidden behind compute,
                and the latency of the per-block collectives of sharded strategies
 Every fitted constant is a row of plan.calibration (CAL), or of the strategy's own row (strategies.PlannerFacts);
@@ -234,6 +235,7 @@ def step_time(w: Workload, hw: Hardware) -> StepTime:
         gaps = CAL.launch_gaps_compiled if w.cfg.compile is True else CAL.launch_gaps
     busy = host if host > compute else compute + gaps * host
     busy += CAL.deepspeed_per_micro_s * w.cfg.grad_accum if w.deepspeed else 0.0
+    busy += w.strategy.planner.full_step_s * hw.host_scale if w.full else 0.0  # after backward, the GPU idle
     parts = gpu | {"host": host, "network (exposed)": network}
     offloaded = gpu["optimizer"] if w.offloaded else 0.0  # the host's CPU Adam and PCIe copies, in the step
     host_side, gpu_side = host + offloaded, compute - offloaded

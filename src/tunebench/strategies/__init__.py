@@ -39,6 +39,7 @@ class PlannerFacts:
     collective_latency_per_block_s: float = 0.0  # the per-block collectives' latency, on more than one GPU
     host_per_adapter_s: float = 0.0  # more host time per adapted linear and pass (hooks on every adapter module)
     whole_graph_host_per_block_s: float = 0.0  # more host time per block where the whole model is one graph
+    full_step_s: float = 0.0  # host time a full fine-tune's optimizer step adds, per step (DeepSpeed ZeRO-2's)
 
 
 UNSHARDED_ADAMW = {"adamw": 86, "adamw_fused": 45}  # torch's AdamW over whole tensors (profiled kernels)
@@ -182,7 +183,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
                           optimizer_bytes={"adamw": 136, "adamw_fused": 95}, collective_latency_per_block_s=0.5e-3),
              shards="everything", hybrid=True, meta_init=True),
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero",
-             PlannerFacts("zero2", reserve=0.15, host_per_block_s=0.8e-3, overlap=0.7, compiled_blocks_host=True),
+             PlannerFacts("zero2", reserve=0.15, host_per_block_s=0.8e-3, overlap=0.7, compiled_blocks_host=True,
+                          full_step_s=30e-3),
              options={"stage": 2}, shards="states", deepspeed=True),
     Strategy("zero3", "DeepSpeed ZeRO-3: parameters sharded too", "zero",
              PlannerFacts("zero3", reserve=0.2, host_per_block_s=6.2e-3, overlap=0.5, compiled_blocks_host=False,
