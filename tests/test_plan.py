@@ -198,7 +198,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
             print(f"\nplanner vs {len(runs)} GPU runs in tests/data/planner: peak memory within 5% on {within_mem} of "
                   f"{len(mem_err)}, tokens/s within 15% on {within_tps} of {len(tps_err)} ({cold} short tune trials and "
                   f"{apart} whole-model compiled, eager-padded-loss GPT-2, earlier QLoRA-keeping-matmuls and fp32 "
-                  "math-kernel runs shown apart; float8 and ZeRO-3 QLoRA memory too)")
+                  "math-kernel runs shown apart; float8, ZeRO-3 QLoRA and ZeRO-2 full fine-tune memory too)")
             print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
     assert zero2_high and all(0 <= e <= 0.12 for e in zero2_high), "ZeRO-2 full fine-tunes: an upper bound within 12%"
