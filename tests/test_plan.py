@@ -146,7 +146,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
         # train jobs evaluating beside CUDA graphs' pools before evaluation's chunks were cut and its weight cache
         # dropped: their evaluation held the logits' gradients or every weight's bf16 copy, which it no longer does
         lean = bool(r.metrics.cuda_graphs and evaluated) and r.created_at < EVALUATION_LEAN_SINCE
-        # ZeRO-2 full fine-tunes (issue 47, open): memory 4-9% high, at the step (its temporaries) or in backward (the
+        # ZeRO-2 full fine-tunes (issue 47, open): memory 1-9% high, at the step (its temporaries) or in backward (the
         # reduce buckets); an upper bound, held to the 12% bound but not to the goal
         zero2_full = r.config.get("strategy") == "zero2" and r.config["method"] == "full" and not whole
         apart += whole
