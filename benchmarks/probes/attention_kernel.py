@@ -1,5 +1,5 @@
 """Causal attention's forward and backward alone, at growing sequence lengths, under each of SDPA's 16-bit kernels:
-the figures the planner's attention term (plan.calibration: attention_of_peak, attention_half_seq) is fitted on.
+the figures the planner's attention ceiling (plan.calibration: attention_kernel_of_peak) comes from.
 
     python benchmarks/probes/attention_kernel.py --heads 32 --kv-heads 8 --head-dim 128 \\
         --seq-lens 2048,8192,32768,65536 --out /tmp/attention.json
@@ -13,25 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))
 
-def timed(fn, warmup: int, repeats: int) -> float:
-    """Median milliseconds of fn() on the GPU."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from kernels_vs import timed  # noqa: E402  the median of CUDA-event-timed repetitions
 
 
 def measure(kernel: str, heads: int, kv_heads: int, dim: int, seq: int, batch: int, warmup: int,
@@ -56,8 +43,8 @@ def measure(kernel: str, heads: int, kv_heads: int, dim: int, seq: int, batch: i
 
     out = forward()
     grad = torch.randn_like(out)
-    fwd_ms = timed(lambda: forward(), warmup, repeats)
-    both_ms = timed(lambda: torch.autograd.grad(forward(), (q, k, v), grad), warmup, repeats)
+    fwd_ms = timed(forward, repeats, warmup)
+    both_ms = timed(lambda: torch.autograd.grad(forward(), (q, k, v), grad), repeats, warmup)
     flops = 2 * seq * heads * dim * seq * batch  # the planner's causal forward, all tokens
     bwd_ms = both_ms - fwd_ms
     return {"kernel": kernel, "seq_len": seq, "batch": batch, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
