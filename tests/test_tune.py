@@ -121,7 +121,10 @@ def test_a_baseline_with_compile_auto_is_not_run_again_as_what_it_resolved_to():
     while (c := tuner.next()) is not None:
         picked.add((c.cfg.compile, c.cfg.batch_size))
         tuner.observe(c.cfg, _record(c.cfg, tps=900.0), 30.0)
-    assert (True, 4) not in picked and {(False, 4), (True, 8), (False, 8)} <= picked
+    assert (True, 4) not in picked and (True, 8) in picked
+    # the eager ones ran, or were left for a reason the planner gave (predicted clearly slower than the compiled)
+    assert all((False, b) in picked or c.skipped for b, c in
+               ((c.cfg.batch_size, c) for c in tuner.candidates if c.cfg.compile is False))
 
 
 def test_the_context_objective_grows_the_sequence_and_an_oom_bounds_its_levers():

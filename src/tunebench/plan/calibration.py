@@ -47,12 +47,16 @@ class Calibration:
                                              "Qwen3-30B-A3B expert-LoRA runs, profiled")
 
     # --- attention (plan.speed)
-    attention_of_peak: float = fitted(0.95, "share of the dense peak at long sequences",
-                                      "cuDNN's and flash's causal kernels, profiled")
-    attention_half_seq: float = fitted(4096, "tokens", "the same profiles")
+    attention_of_peak: float = fitted(0.568, "share of the dense peak at long sequences",
+                                      "SDPA's causal kernel alone, 1k-128k tokens, head dim 128 "
+                                      "(benchmarks/probes/attention_kernel.py); checked on planner_terms.py's profiles")
+    attention_half_seq: float = fitted(820, "tokens", "the same kernel")
     attention_kernel_of_peak: float = fitted(0.54, "share of the dense peak the kernel never exceeds",
                                              "SDPA's causal kernel alone, 8k-128k tokens, grouped keys, H100 "
                                              "(benchmarks/probes/attention_kernel.py)")
+    narrow_head_attention_share: float = fitted(0.85, "x the curve, heads narrower than 128",
+                                                "GPT-2, Llama-3.2-1B (64) and Phi-3.5 (96) profiles, planner_terms.py")
+    softcap_attention_slowdown: float = fitted(4.2, "x the curve", "Gemma-2-9B's FlexAttention, planner_terms.py")
     attention_dropout_slowdown: float = fitted(1.6, "x", "GPT-2 small s2048 with and without dropout, one job")
     fp32_attention_of_peak: float = fitted(0.64, "share of the fp32 peak", "SDPA's memory-efficient kernel, profiled")
     fp32_attention_half_seq: float = fitted(880, "tokens", "the same kernel at 1,024 and 2,048 tokens")
@@ -60,8 +64,16 @@ class Calibration:
 
     # --- memory-bound kernels, the loss and the optimizer (plan.speed)
     elementwise_bytes: dict = fitted(
-        {("gpt2", False): 8.6, ("gpt2", True): 3.0, ("llama", False): 8.8, ("llama", True): 5.1},
-        "bytes moved per byte saved for backward, by (architecture, compiled)", "every GPU record, after profiles")
+        {("gpt2", False): 8.6, ("gpt2", True): 2.05, ("llama", False): 8.8, ("llama", True): 2.5},
+        "bytes moved per byte saved for backward, by (architecture, compiled)",
+        "compiled: planner_terms.py's profiles (LoRA without checkpointing; GPT-2 full); eager: every GPU record")
+    traced_recompute_fused: float = fitted(0.0, "share of a traced recompute's elementwise traffic saved",
+                                           "Llama-3.1-8B, Qwen3-8B, Phi-3.5 checkpointed LoRA, profiled")
+    experts_elementwise_share: float = fitted(2.0, "x a dense block's bytes", "Qwen3-30B-A3B and Mixtral records")
+    autocast_cast_bytes_per_param: float = fitted(6, "bytes per trained parameter and forward",
+                                                  "fp32 read, bf16 written (not fitted)")
+    autocast_grad_bytes_per_param: float = fitted(7, "bytes per trained parameter and micro-batch",
+                                                  "Llama-3.2-1B full, profiled (planner_terms.py)")
     fp32_elementwise_bytes: dict = fitted(
         {("gpt2", False): 3.7, ("gpt2", True): 2.2, ("llama", False): 6.3, ("llama", True): 2.35},
         "bytes per saved byte in fp32", "GPT-2 small and Llama-3.2-1B fp32, profiled")

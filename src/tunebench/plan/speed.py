@@ -82,11 +82,16 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     if w.dropout:
         attention *= CAL.fp32_attention_dropout_slowdown if w.fp32 else CAL.attention_dropout_slowdown
     act = activations(w)
-    # backward moves about twice the forward's bytes; a recompute adds one forward, but for a checkpoint traced
-    # in the compiled block, whose backward graph fuses the recompute's elementwise ops with its own
-    traffic = 2 * (1 + (share - traced) / 3)
+    # backward moves about twice the forward's bytes; a recompute adds one forward (traced in the compiled block's
+    # backward graph, the part of it fused with backward's own kernels saved)
+    traffic = 2 * (1 + (share - traced * CAL.traced_recompute_fused) / 3)
     per_saved = (CAL.fp32_elementwise_bytes if w.fp32 else CAL.elementwise_bytes)[w.family, cfg.compile]
     moved = per_saved * act.per_layer * w.layers * traffic * tokens
+    if w.experts:  # routing's gathers, scatters and sorts: memory-bound kernels that compile does not fuse away
+        moved *= CAL.experts_elementwise_share
+    if w.full and w.autocast:  # fp32 weights cast for every forward (a recompute's too), bf16 gradients added to fp32
+        casts = CAL.autocast_cast_bytes_per_param * (1 + share) + CAL.autocast_grad_bytes_per_param
+        moved += casts * w.trainable / w.sharded * cfg.grad_accum
     moved += CAL.loss_bytes_per_logit * w.compute_bytes / 2 * tokens * s.vocab_size  # fitted on 16-bit logits
     if cfg.method == "qlora":
         moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
@@ -102,15 +107,25 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
         attention_flops = CAL.fp32_attention_of_peak * cfg.seq_len / (cfg.seq_len + CAL.fp32_attention_half_seq) \
             * hw.gpu.fp32_peak_flops
     else:
-        # the profiles' curve, fitted at 512-4,096 tokens, would pass the kernel's own ceiling beyond them
-        share = min(CAL.attention_of_peak * cfg.seq_len / (cfg.seq_len + CAL.attention_half_seq),
-                    CAL.attention_kernel_of_peak)
-        attention_flops = share * hw.gpu.peak_flops
+        attention_flops = _attention_share(w) * hw.gpu.peak_flops
     work = {"matmul": gemm, "attention": attention / attention_flops, "elementwise": moved / hw.bandwidth,
             "optimizer": optimizer}
     if w.reference_forward:
         work["reference forward"] = _reference_forward(w, hw, ceiling, attention_flops, per_saved * act.per_layer)
     return work
+
+
+def _attention_share(w: Workload) -> float:
+    """Share of the dense peak causal attention reaches, forward + backward: the kernel's curve over the sequence
+    up to its ceiling; heads narrower than 128 fill its tiles less; soft-capped logits (Gemma 2) leave SDPA's fused
+    kernels for FlexAttention's."""
+    seq = w.cfg.seq_len
+    share = min(CAL.attention_of_peak * seq / (seq + CAL.attention_half_seq), CAL.attention_kernel_of_peak)
+    if w.spec.head_dim < 128:
+        share *= CAL.narrow_head_attention_share
+    if w.arch is not None and w.arch.softcap:
+        share /= CAL.softcap_attention_slowdown
+    return share
 
 
 def _reference_forward(w: Workload, hw: Hardware, ceiling: float, attention_flops: float,
