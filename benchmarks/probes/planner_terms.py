@@ -75,8 +75,10 @@ def main() -> None:
     ap.add_argument("--out", help="append each configuration's JSON line here")
     ap.add_argument("--table", help="print the table of a file this probe wrote, planned with today's planner")
     args = ap.parse_args()
-    if args.table:
-        return table([json.loads(ln) for ln in Path(args.table).read_text().splitlines() if ln.strip()])
+    if args.table:  # this probe's lines, or a document of them under "runs" (benchmarks/data/)
+        text = Path(args.table).read_text()
+        doc = json.loads(text) if text.lstrip().startswith("{") and '"runs"' in text[:2000] else None
+        return table(doc["runs"] if doc else [json.loads(ln) for ln in text.splitlines() if ln.strip()])
     import torch
 
     gpu = torch.cuda.get_device_name(0)

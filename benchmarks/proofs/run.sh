@@ -120,6 +120,8 @@ planner-terms)  # held out as planner-oos-4gpu; then the profiles the planner's 
 planner-terms-7b)  # as planner-terms
   [ -f "$OUT/$topic.jsonl" ] && tb plan --validate "$OUT/$topic.jsonl"
   python3 benchmarks/probes/planner_terms.py --from "benchmarks/proofs/$topic.profiles" --out "$OUT/$topic-profiles.jsonl" ;;
+planner-terms-2gpu)  # held out as planner-oos-4gpu
+  tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-check)  # each record's prediction against what it measured (the sweep above stored both)
   tb report --out "$OUT/report" > /dev/null && sed -n '/^## Planner/,/^## [^P]/p' "$OUT/report/report.md" ;;
 hardware-inference)  # tunebench hw (collectives too where there are several GPUs), load, infer; HF generate

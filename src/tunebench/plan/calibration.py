@@ -31,7 +31,8 @@ class Calibration:
     # --- GEMMs (plan.speed)
     gemm_peak_share: float = fitted(0.93, "share of the matmul ceiling", "wide models' GEMMs, profiled")
     gemm_floor_share: float = fitted(0.05, "share of the matmul ceiling", "a floor for very narrow models (not fitted)")
-    adapter_matmul_share: float = fitted(0.15, "share of the matmul ceiling", "rank-r LoRA GEMMs on the LoRA records")
+    adapter_matmul_share: float = fitted(0.06, "share of the matmul ceiling",
+                                         "rank-r LoRA GEMMs (memory-bound), planner_terms.py's LoRA profiles")
     narrow_hidden: float = fitted(400, "hidden size", "GEMM efficiency against hidden size, GPT-2 small profiled")
     matmul_half_tokens: float = fitted(600, "tokens per micro-batch", "short micro-batches on every GPU record")
     fp32_matmul_half_work: float = fitted(2.4e5, "tokens x hidden", "fp32 GEMMs, profiled")

@@ -1,13 +1,16 @@
 """Step time of one configuration: the GPU's work against its ceilings, the host's, and the network's.
 
-  matmuls      FLOPs of every GEMM (blocks, head, adapters; recompute under checkpointing) at the matmul
-               ceiling, scaled down for narrow models and short micro-batches; an unpadded head over an odd
+  matmuls      FLOPs of every GEMM (blocks, head, adapters; recompute under checkpointing, but for the residual
+               projections where it is traced) at the matmul ceiling, scaled down for narrow models and short
+               micro-batches; rank-r adapters' GEMMs memory-bound; an unpadded head over an odd
                vocabulary runs cuBLAS's slow unaligned kernels; float8 GEMMs at their effective speedup, casts
                included; a mixture of experts' grouped GEMMs at the efficiency of a GEMM of each expert's rows
   attention    causal flash attention, forward + backward (2.5x the forward's FLOPs), at a share of the dense peak
-               that grows with the sequence up to the kernel's own ceiling
+               that grows with the sequence up to the kernel's own ceiling (less for heads narrower than 128 and for
+               soft-capped logits)
   elementwise  memory-bound kernels: bytes moved per byte an op keeps for backward (per architecture, eager or
-               compiled), the loss's logits, QLoRA's dequantization
+               compiled; more for a mixture of experts' routing), the loss's logits, QLoRA's dequantization, a full
+               fine-tune's casts under autocast
   optimizer    bytes moved per trained parameter by the step (clipping included); offload=optimizer: DeepSpeed's
                CPU Adam on the host's cores shared by the node's GPUs, and the copies over PCIe, after backward
   host         Python per block and micro-batch (each compiled block's call, the hooks of sharded strategies,
@@ -62,7 +65,9 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     # the recompute is in backward's graph)
     passes = 2 + share - traced
     dense = c.block_matmul - c.active_experts  # what every token multiplies by at the dense GEMMs' efficiency
-    blocks = dense * (6 if w.full else 4) + 2 * dense * again
+    # a recompute traced in backward's graph reruns only what backward reads: not the projections whose outputs go
+    # straight into the residual stream
+    blocks = dense * (6 if w.full else 4) + 2 * (dense * again - w.residual_matmul * w.layers * traced)
     if w.chunked_mlp:  # backward runs each chunk's forward again (engine.chunked_mlp)
         blocks += 2 * w.mlp_matmul * w.layers
     # experts: their weight gradients where they train (full fine-tuning; LoRA's expert adapters are adapters)
@@ -82,16 +87,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     if w.dropout:
         attention *= CAL.fp32_attention_dropout_slowdown if w.fp32 else CAL.attention_dropout_slowdown
     act = activations(w)
-    # backward moves about twice the forward's bytes; a recompute adds one forward (traced in the compiled block's
-    # backward graph, the part of it fused with backward's own kernels saved)
-    traffic = 2 * (1 + (share - traced * CAL.traced_recompute_fused) / 3)
     per_saved = (CAL.fp32_elementwise_bytes if w.fp32 else CAL.elementwise_bytes)[w.family, cfg.compile]
-    moved = per_saved * act.per_layer * w.layers * traffic * tokens
-    if w.experts:  # routing's gathers, scatters and sorts: memory-bound kernels that compile does not fuse away
-        moved *= CAL.experts_elementwise_share
-    if w.full and w.autocast:  # fp32 weights cast for every forward (a recompute's too), bf16 gradients added to fp32
-        casts = CAL.autocast_cast_bytes_per_param * (1 + share) + CAL.autocast_grad_bytes_per_param
-        moved += casts * w.trainable / w.sharded * cfg.grad_accum
+    moved = _blocks_bytes(w, per_saved * act.per_layer, tokens)
     moved += CAL.loss_bytes_per_logit * w.compute_bytes / 2 * tokens * s.vocab_size  # fitted on 16-bit logits
     if cfg.method == "qlora":
         moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
@@ -113,6 +110,21 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     if w.reference_forward:
         work["reference forward"] = _reference_forward(w, hw, ceiling, attention_flops, per_saved * act.per_layer)
     return work
+
+
+def _blocks_bytes(w: Workload, bytes_per_token_layer: float, tokens: int) -> float:
+    """Bytes the blocks' memory-bound kernels move in a step (forward, backward, recompute)."""
+    share = w.checkpointed_share
+    # backward moves about twice the forward's bytes; a recompute adds one forward (traced in the compiled block's
+    # backward graph, the part of it fused with backward's own kernels saved)
+    traffic = 2 * (1 + (share - w.traced_share * CAL.traced_recompute_fused) / 3)
+    moved = bytes_per_token_layer * w.layers * traffic * tokens
+    if w.experts:  # routing's gathers, scatters and sorts: memory-bound kernels that compile does not fuse away
+        moved *= CAL.experts_elementwise_share
+    if w.full and w.autocast:  # fp32 weights cast for every forward (a recompute's too), bf16 gradients added to fp32
+        casts = CAL.autocast_cast_bytes_per_param * (1 + share) + CAL.autocast_grad_bytes_per_param
+        moved += casts * w.trainable / w.sharded * w.cfg.grad_accum
+    return moved
 
 
 def _attention_share(w: Workload) -> float:

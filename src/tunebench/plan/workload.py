@@ -158,6 +158,13 @@ class Workload:
         return 0 if self.experts else min(self.cfg.mlp_chunk or 0, self.tokens)
 
     @property
+    def residual_matmul(self) -> int:
+        """One block's dense projections whose outputs go straight into the residual stream (attention's output,
+        the MLP's down projection): backward reads their inputs, never their outputs."""
+        return sum(lin.fan_in * lin.fan_out for lin in self.counts.linears
+                   if lin.kind == "linear" and lin.name in RESIDUAL_PROJECTIONS)
+
+    @property
     def mlp_matmul(self) -> int:
         """One dense block's MLP weights a token multiplies by: gated (gate, up, down) or two layers (GPT-2)."""
         return (3 if self.family == "llama" else 2) * self.spec.hidden_size * self.mlp_width
@@ -272,6 +279,9 @@ class Workload:
             return self.cfg.dropout
         return float(self.spec.shape.get("attn_pdrop", 0.1) if self.family == "gpt2"
                      else self.spec.shape.get("attention_dropout", 0.0))
+
+
+RESIDUAL_PROJECTIONS = ("o_proj", "down_proj", "c_proj")  # Llama-style and GPT-2 names (both of GPT-2's c_proj)
 
 
 def _kind(family: Family) -> BlockKind:
