@@ -70,7 +70,8 @@ class Calibration:
         "compiled: planner_terms.py's profiles (LoRA without checkpointing; GPT-2 full); eager: every GPU record")
     traced_recompute_fused: float = fitted(0.0, "share of a traced recompute's elementwise traffic saved",
                                            "Llama-3.1-8B, Qwen3-8B, Phi-3.5 checkpointed LoRA, profiled")
-    experts_elementwise_share: float = fitted(2.0, "x a dense block's bytes", "Qwen3-30B-A3B and Mixtral records")
+    experts_elementwise_share: float = fitted(2.0, "x a dense block's bytes",
+                                              "kept where Qwen3-30B-A3B's and Mixtral's records fit (not profiled)")
     autocast_cast_bytes_per_param: float = fitted(6, "bytes per trained parameter and forward",
                                                   "fp32 read, bf16 written (not fitted)")
     autocast_grad_bytes_per_param: float = fitted(7, "bytes per trained parameter and micro-batch",

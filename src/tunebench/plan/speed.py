@@ -26,7 +26,7 @@ plan.hardware).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tunebench.plan.activations import activations
 from tunebench.plan.calibration import CAL
@@ -209,18 +209,28 @@ def _network(w: Workload, hw: Hardware, compute: float) -> float:
     facts = w.strategy.planner
     if w.world == 1 or facts.collectives == "none":
         return 0.0
-    t = COLLECTIVES[facts.collectives](w, hw)
+    inside, across = COLLECTIVES[facts.collectives](w, hw)
     latency = w.cfg.grad_accum * w.layers * facts.collective_latency_per_block_s
-    return max(t - facts.overlap * compute, 0.0) + latency
+    in_node = facts.overlap if facts.overlap_in_node is None else facts.overlap_in_node
+    exposed = max(inside - in_node * compute, 0.0) + max(across - facts.overlap * compute, 0.0)
+    if w.cfg.nnodes > 1:  # never less than the same collectives cost within one node
+        one_node = replace(w, cfg=w.cfg.model_copy(update={"nnodes": 1}))
+        exposed = max(exposed, max(sum(COLLECTIVES[facts.collectives](one_node, hw)) - in_node * compute, 0.0))
+    return exposed + latency
 
 
-def _all_reduce(w: Workload, hw: Hardware) -> float:
+def _split(t: float, nodes: int) -> tuple[float, float]:
+    """(seconds within a node, seconds across nodes) of collectives over `nodes` nodes."""
+    return (t, 0.0) if nodes <= 1 else (0.0, t)
+
+
+def _all_reduce(w: Workload, hw: Hardware) -> tuple[float, float]:
     """The gradients all-reduced, fp32 (bf16-pure: bf16); a ring moves 2(W-1)/W of the bytes."""
     share = (w.world - 1) / w.world
-    return 2 * share * w.param_bytes * w.trainable / hw.collective("all_reduce", w.cfg.nnodes)
+    return _split(2 * share * w.param_bytes * w.trainable / hw.collective("all_reduce", w.cfg.nnodes), w.cfg.nnodes)
 
 
-def _fsdp(w: Workload, hw: Hardware) -> float:
+def _fsdp(w: Workload, hw: Hardware) -> tuple[float, float]:
     """bf16 all-gathers in forward and backward, an fp32 reduce-scatter, per micro-batch; HSDP: within groups of
     shard_size GPUs, then the shards all-reduced across them."""
     n, world, nodes, group = w.trainable, w.world, w.cfg.nnodes, w.shard_group
@@ -229,26 +239,31 @@ def _fsdp(w: Workload, hw: Hardware) -> float:
     gathers = 2 + w.reference_forward  # forward, backward, and DPO's reference forward (its copy, or the base)
     t = w.cfg.grad_accum * inside * gathers * w.gathered_bytes / hw.collective("all_gather", spans)
     t += inside * 4 * n / hw.collective("reduce_scatter", spans)
+    in_node, across = _split(t, spans)
     if group < world:
         replicas = world // group
-        t += 2 * (replicas - 1) / replicas * 4 * n / group / hw.collective("all_reduce", nodes)
-    return t
+        replicated = 2 * (replicas - 1) / replicas * 4 * n / group / hw.collective("all_reduce", nodes)
+        more_in_node, more_across = _split(replicated, nodes)
+        in_node, across = in_node + more_in_node, across + more_across
+    return in_node, across
 
 
-def _zero2(w: Workload, hw: Hardware) -> float:
+def _zero2(w: Workload, hw: Hardware) -> tuple[float, float]:
     """bf16 reduce-scatter of the gradients, all-gather of the updated weights."""
     share, n, nodes = (w.world - 1) / w.world, w.trainable, w.cfg.nnodes
-    return share * 2 * n / hw.collective("reduce_scatter", nodes) + share * 2 * n / hw.collective("all_gather", nodes)
+    t = share * 2 * n / hw.collective("reduce_scatter", nodes) + share * 2 * n / hw.collective("all_gather", nodes)
+    return _split(t, nodes)
 
 
-def _zero3(w: Workload, hw: Hardware) -> float:
+def _zero3(w: Workload, hw: Hardware) -> tuple[float, float]:
     """Weights gathered for forward and backward, per micro-batch; gradients reduce-scattered."""
     share, nodes = (w.world - 1) / w.world, w.cfg.nnodes
     t = w.cfg.grad_accum * share * 2 * w.gathered_bytes / hw.collective("all_gather", nodes)
-    return t + share * 2 * w.trainable / hw.collective("reduce_scatter", nodes)
+    return _split(t + share * 2 * w.trainable / hw.collective("reduce_scatter", nodes), nodes)
 
 
-# strategies.PlannerFacts.collectives -> seconds of the step's collectives (before overlap)
+# strategies.PlannerFacts.collectives -> seconds of the step's collectives within nodes and across them (before
+# overlap)
 COLLECTIVES = {"all_reduce": _all_reduce, "fsdp": _fsdp, "zero2": _zero2, "zero3": _zero3}
 
 

@@ -31,7 +31,7 @@ class PlannerFacts:
     collectives: Literal["none", "all_reduce", "fsdp", "zero2", "zero3"]
     reserve: float  # the allocator's reserve beyond the peak, a share of it (freed blocks kept, fragmentation)
     host_per_block_s: float  # the host's seconds per block and micro-batch, eager (calls, hooks)
-    overlap: float  # the share of the compute its collectives hide behind
+    overlap: float  # the share of the compute its collectives hide behind (across nodes)
     compiled_blocks_host: bool  # blocks compiled apart: their host cost is calibration's host_per_compiled_block_s
     # bytes the optimizer's step moves per trained parameter, by optimizer, where they differ from calibration's
     optimizer_bytes: Mapping[str, int] = field(default_factory=dict)
@@ -40,6 +40,7 @@ class PlannerFacts:
     host_per_adapter_s: float = 0.0  # more host time per adapted linear and pass (hooks on every adapter module)
     whole_graph_host_per_block_s: float = 0.0  # more host time per block where the whole model is one graph
     full_step_s: float = 0.0  # host time a full fine-tune's optimizer step adds, per step (DeepSpeed ZeRO-2's)
+    overlap_in_node: float | None = None  # ... within a node, where its records fit another share (None: overlap)
 
 
 UNSHARDED_ADAMW = {"adamw": 86, "adamw_fused": 45}  # torch's AdamW over whole tensors (profiled kernels)
@@ -172,15 +173,18 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              PlannerFacts("none", reserve=0.08, host_per_block_s=0.8e-3, overlap=0.0, compiled_blocks_host=True,
                           optimizer_bytes=UNSHARDED_ADAMW),
              one_process=True, whole_compile=True),
+    # ddp, fsdp: overlap_in_node refit with the compute terms fitted on profiles (plan.calibration): their records,
+    # all within one node, fit best with the collectives' whole time added to the step; across nodes not measured
     Strategy("ddp", "PyTorch DDP: full replicas, gradients all-reduced in buckets", "ddp",
              PlannerFacts("all_reduce", reserve=0.06, host_per_block_s=0.8e-3, overlap=0.8, compiled_blocks_host=True,
-                          optimizer_bytes=UNSHARDED_ADAMW, whole_graph_host_per_block_s=1.2e-3),
+                          optimizer_bytes=UNSHARDED_ADAMW, whole_graph_host_per_block_s=1.2e-3, overlap_in_node=0.0),
              whole_compile=True),
     Strategy("fsdp", "FSDP2 (fully_shard per block): parameters, gradients and optimizer state sharded", "fsdp",
              # reserve: what FSDP2 runs reserve beyond their peak allocation (all-gather buffers freed and reused
              # block by block), fitted on the runs of plan/fitted_records.txt (benchmarks/results/planner.md)
              PlannerFacts("fsdp", reserve=0.2, host_per_block_s=2.7e-3, overlap=0.7, compiled_blocks_host=False,
-                          optimizer_bytes={"adamw": 136, "adamw_fused": 95}, collective_latency_per_block_s=0.5e-3),
+                          optimizer_bytes={"adamw": 136, "adamw_fused": 95}, collective_latency_per_block_s=0.5e-3,
+                          overlap_in_node=0.0),
              shards="everything", hybrid=True, meta_init=True),
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero",
              PlannerFacts("zero2", reserve=0.15, host_per_block_s=0.8e-3, overlap=0.7, compiled_blocks_host=True,
