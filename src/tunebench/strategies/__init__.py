@@ -31,7 +31,7 @@ class PlannerFacts:
     collectives: Literal["none", "all_reduce", "fsdp", "zero2", "zero3"]
     reserve: float  # the allocator's reserve beyond the peak, a share of it (freed blocks kept, fragmentation)
     host_per_block_s: float  # the host's seconds per block and micro-batch, eager (calls, hooks)
-    overlap: float  # the share of the compute its collectives hide behind (across nodes)
+    overlap: float  # the share of the compute its collectives hide behind (within a node too, but for overlap_in_node)
     compiled_blocks_host: bool  # blocks compiled apart: their host cost is calibration's host_per_compiled_block_s
     # bytes the optimizer's step moves per trained parameter, by optimizer, where they differ from calibration's
     optimizer_bytes: Mapping[str, int] = field(default_factory=dict)
