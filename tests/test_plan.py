@@ -18,7 +18,7 @@ from tunebench.gpus import match
 from tunebench.plan import Workload, predict, workload
 from tunebench.plan.activations import activations
 from tunebench.plan.calibration import CAL
-from tunebench.plan.memory import memory
+from tunebench.plan.memory import memory, tied_gradient
 from tunebench.record import ResultRecord
 from tunebench.strategies import STRATEGIES
 
@@ -757,6 +757,27 @@ def test_cuda_graphs_pool_holds_the_backward_beside_the_saved_activations():
     # accumulation's gradients live outside the pool (added into) while each micro-batch's are made in it
     assert accum.peak_allocated - replayed.peak_allocated == pytest.approx(grads)
     assert accum.peak_allocated == pytest.approx(30.37 * 2**30, rel=0.05)
+
+
+def test_a_tied_embeddings_second_gradient_ends_the_backward():
+    """A tied embedding's gradient arrives twice: the head's waits in autograd's buffer while the lookup's backward
+    makes a dense one beside every other gradient (benchmarks/probes/memory_probe.py --peak-live, Llama-3.2-1B full,
+    checkpointed, s2048 b4: 19.59 GiB on an H100, two 1,002 MiB tensors beside the blocks' gradients). Untied, or
+    with a frozen embedding, the backward ends at the step's states and gradients."""
+    gpu = match("H100")
+    cfg = RunConfig(model="llama-3.2-1b", method="full", seq_len=2048, batch_size=4, grad_ckpt=True)
+    w = workload(cfg, 1)
+    assert w.counts.tied and not w.cuda_graphs
+    mem = predict(cfg, gpu, 1).mem
+    states = sum(i.bytes for i in mem.items if i.name in ("weights", "optimizer states", "gradients"))
+    assert mem.phases["backward"] == pytest.approx(states + 4 * w.counts.embeddings)
+    assert mem.peak_phase == "backward"
+    assert mem.peak_allocated == pytest.approx(19.59 * 2**30, rel=0.02)
+    untied = cfg.model_copy(update={"model": "llama-3.1-8b", "seq_len": 512, "batch_size": 1})
+    frozen = cfg.model_copy(update={"method": "lora"})
+    pooled = cfg.model_copy(update={"grad_ckpt": False, "compile": True, "compile_scope": "model", "cuda_graphs": True})
+    for other in (untied, frozen, pooled):  # none has a second dense gradient outside a pool
+        assert tied_gradient(workload(other, 1)) == 0
 
 
 def test_a_train_job_that_evaluates_has_an_evaluation_phase(tb, tmp_path):

@@ -122,6 +122,26 @@ planner-terms-7b)  # as planner-terms
   python3 benchmarks/probes/planner_terms.py --from "benchmarks/proofs/$topic.profiles" --out "$OUT/$topic-profiles.jsonl" ;;
 planner-terms-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
+planner-memory)  # held out as planner-oos-4gpu; then (PROBES=0: not) what the planner's memory items must explain:
+  # what is alive at a step's peak (full fine-tunes of tied embeddings, Phi-3.5 and Qwen2.5 QLoRA), the CUDA graphs'
+  # pools of Llama-3.2-1B and 3B, a full DPO's profile
+  [ -f "$OUT/$topic.jsonl" ] && tb plan --validate "$OUT/$topic.jsonl"
+  [ "${PROBES:-1}" = 1 ] || exit 0
+  python3 benchmarks/probes/memory_probe.py --peak-live --out "$OUT/memory_probe.jsonl" \
+    "model=llama-3.2-1b method=full batch_size=4 seq_len=2048 grad_ckpt=true" \
+    "model=llama-3.2-3b method=full batch_size=2 seq_len=1024 grad_ckpt=true" \
+    "model=phi-3.5-mini method=qlora batch_size=4 seq_len=2048 grad_ckpt=true" \
+    "model=qwen2.5-7b method=qlora batch_size=16 seq_len=512 grad_ckpt=true" > /dev/null 2>&1
+  python3 -c 'import json, sys
+for ln in open(sys.argv[1]):
+    r = json.loads(ln); print("PROBE", r["config"], r.get("error") or [(k, round(v / 2**30, 2)) for ph in r["phases"]
+          for k, v in ph.items() if not k.endswith("_s")])' "$OUT/memory_probe.jsonl"
+  for m in llama-3.2-1b:4 llama-3.2-3b:2; do
+    PEAK_PARTS_TRACE=1 python3 benchmarks/probes/peak_parts.py run --model "${m%:*}" --method full --seq-len 1024 \
+      --batch-size "${m#*:}" --steps 8 --warmup 4 2>&1 | grep -E "^(PEAK|POOL)"
+  done
+  python3 benchmarks/probes/planner_terms.py --out "$OUT/$topic-profiles.jsonl" \
+    "--model llama-3.2-1b --method full --seq-len 1024 --batch-size 4 --grad-ckpt --objective dpo" ;;
 planner-check)  # each record's prediction against what it measured (the sweep above stored both)
   tb report --out "$OUT/report" > /dev/null && sed -n '/^## Planner/,/^## [^P]/p' "$OUT/report/report.md" ;;
 hardware-inference)  # tunebench hw (collectives too where there are several GPUs), load, infer; HF generate

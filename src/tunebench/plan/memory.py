@@ -238,6 +238,16 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     return temps
 
 
+def tied_gradient(w: Workload) -> float:
+    """A tied embedding's gradient arrives twice: the head's (made in forward, engine.loss) waits in autograd's
+    buffer while the lookup's backward makes a dense one of the same size, added into it as backward ends, beside
+    every other gradient (benchmarks/probes/memory_probe.py --peak-live: Llama-3.2-1B and 3B, full, checkpointed).
+    A CUDA graphs' pool holds it among its own; FSDP2 and DeepSpeed reduce the root's gradients apart."""
+    if not (w.full and w.counts.tied) or w.cuda_graphs or w.deepspeed or w.collectives == "fsdp":
+        return 0.0
+    return w.param_bytes * w.counts.embeddings
+
+
 def _step_temps(w: Workload) -> float:
     if w.offloaded:  # the gradients go to the host's fp32 buffers, the updated weights come back into place
         return 0.0
@@ -315,6 +325,8 @@ def memory(w: Workload) -> MemoryPlan:
         # still to reduce, and the fp32 reduce-scatter input of the last block reduced
         root = w.counts.embeddings + (0 if w.counts.tied else w.counts.head)
         backward = max(backward, persistent + grads + (2 * root + 4 * w.counts.per_block) * w.full)
+    # the end of backward: every gradient, and a tied embedding's second
+    backward = max(backward, persistent + grads + tied_gradient(w))
     step = persistent + grads + _step_temps(w)
     pools = 0.0
     if w.cuda_graphs:  # the graphs' pool, counted in full (phases: what lives outside it, and the pool)
