@@ -142,6 +142,8 @@ for ln in open(sys.argv[1]):
   done
   python3 benchmarks/probes/planner_terms.py --out "$OUT/$topic-profiles.jsonl" \
     "--model llama-3.2-1b --method full --seq-len 1024 --batch-size 4 --grad-ckpt --objective dpo" ;;
+planner-edge)  # held out as planner-oos-4gpu
+  tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-check)  # each record's prediction against what it measured (the sweep above stored both)
   tb report --out "$OUT/report" > /dev/null && sed -n '/^## Planner/,/^## [^P]/p' "$OUT/report/report.md" ;;
 hardware-inference)  # tunebench hw (collectives too where there are several GPUs), load, infer; HF generate

@@ -358,5 +358,7 @@ def memory(w: Workload) -> MemoryPlan:
     context = CAL.context_bytes
     plan.context_bytes = context[1] if w.world == 1 and w.strategy.one_process else (
         context["nccl"] if w.world == 1 else context["nccl-multi"])
-    plan.reserve_bytes = max(CAL.reserve_floor_bytes, w.strategy.planner.reserve * plan.peak_allocated)
+    # replayed as CUDA graphs, the peak counts the pools' segments in full: the allocator keeps little beyond it
+    plan.reserve_bytes = CAL.graph_reserve_bytes if w.cuda_graphs else max(
+        CAL.reserve_floor_bytes, w.strategy.planner.reserve * plan.peak_allocated)
     return plan
