@@ -782,9 +782,9 @@ def test_a_tied_embeddings_second_gradient_ends_the_backward():
 
 def test_cuda_graphs_runs_keep_little_beyond_their_counted_pools():
     """Replayed as CUDA graphs, a run's peak counts the pools' segments in full: reserved exceeded allocated by at
-    most 0.70 GiB on every such GPU run since they are counted so, where an eager run's reserve is a share of its peak. Llama-3.2-3B full
-    s1024 b8 ran at 70.76 GiB allocated on an H100 (tests/data/planner/2026-11-28-h100-planner-edge-oos.jsonl):
-    never "does not fit"."""
+    most 0.70 GiB on every such GPU run since they are counted so, where an eager run's reserve is a share of its
+    peak. Llama-3.2-3B full s1024 b8 ran at 70.76 GiB allocated on an H100
+    (tests/data/planner/2026-11-28-h100-planner-edge-oos.jsonl): never "does not fit"."""
     gpu = match("H100")
     cfg = RunConfig(model="llama-3.2-3b", method="full", seq_len=1024, batch_size=8)
     p = predict(cfg, gpu, 1)
