@@ -174,14 +174,13 @@ def bare_loop(step: Callable[[], object], a: argparse.Namespace,
 def _our_step(cfg) -> Callable[[], object]:
     """The same step `run` times, built from the runner's pieces so that the profiler can wrap it."""
     from tunebench.dist import SINGLE
-    from tunebench.engine.data import SyntheticTokens
     from tunebench.engine.step import kernel_settings, optimizer_step_fn
     from tunebench.run_preflight import preflight
-    from tunebench.runner import Outcome, build_trainable
+    from tunebench.runner import Outcome, build_trainable, synthetic_data
 
     plan = preflight(cfg)
     t = build_trainable(plan, Outcome(), SINGLE)
-    data = SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, plan.device, cfg.seed)
+    data = synthetic_data(plan, SINGLE)  # a preference objective's pairs as `run` draws them
     step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, SINGLE)
 
     def with_kernels() -> object:  # as the runner's loop runs it

@@ -25,10 +25,9 @@ import torch.distributed as dist
 
 from tunebench.config import RunConfig
 from tunebench.dist import DistContext
-from tunebench.engine.data import SyntheticPairs, SyntheticTokens
 from tunebench.metrics.memory import release
 from tunebench.run_preflight import preflight
-from tunebench.runner import Outcome, build_trainable
+from tunebench.runner import Outcome, build_trainable, synthetic_data
 
 
 class SavedBytes:
@@ -127,8 +126,7 @@ def probe(pairs: dict[str, str], peak_live: bool = False) -> dict:
     out = Outcome()
     t = build_trainable(plan, out, ctx)
     dev = plan.device
-    data = SyntheticPairs(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, dev, cfg.seed) if cfg.preference else \
-        SyntheticTokens(plan.spec.vocab_size, cfg.batch_size, cfg.seq_len, dev, cfg.seed)
+    data = synthetic_data(plan, ctx)
     ts = t.ts
     cuda = dev.type == "cuda"
     alloc = lambda: torch.cuda.memory_allocated(dev) if cuda else 0  # noqa: E731

@@ -250,13 +250,21 @@ def telemetry_for(plan: Plan) -> Telemetry | None:
     return Telemetry(plan.device.index) if plan.device.type == "cuda" and plan.cfg.telemetry else None
 
 
+def synthetic_data(plan: Plan, ctx: DistContext) -> SyntheticTokens | SyntheticPairs:
+    """The batches `run` times: pairs of answers for a preference objective (carrying reference log-probabilities
+    where they are precomputed), rows of tokens otherwise."""
+    cfg, vocab = plan.cfg, plan.spec.vocab_size
+    if cfg.preference:
+        return SyntheticPairs(vocab, cfg.batch_size, cfg.seq_len, plan.device, cfg.seed, ctx.rank, ctx.world_size,
+                              reference=cfg.objective == "dpo" and cfg.precompute_reference)
+    return SyntheticTokens(vocab, cfg.batch_size, cfg.seq_len, plan.device, cfg.seed, ctx.rank, ctx.world_size)
+
+
 def _train(plan: Plan, out: Outcome, started: float, progress: ProgressFn | None, ctx: DistContext) -> None:
     # In its own frame so that the model and optimizer are freed as soon as it returns or raises.
-    cfg, spec, device = plan.cfg, plan.spec, plan.device
+    cfg, device = plan.cfg, plan.device
     t = build_trainable(plan, out, ctx)
-    data = SyntheticPairs(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size,
-                          reference=cfg.objective == "dpo" and cfg.precompute_reference) if cfg.preference else \
-        SyntheticTokens(spec.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed, ctx.rank, ctx.world_size)
+    data = synthetic_data(plan, ctx)
     step = optimizer_step_fn(t.ts, data, cfg, device, ctx)
     out.setup_s = time.perf_counter() - started
     with kernel_settings(cfg, device):
