@@ -238,6 +238,15 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     return temps
 
 
+def _fsdp_backward_end(w: Workload) -> float:
+    """FSDP2 as backward ends, beyond every shard's gradient: the root's unsharded bf16 gradients still to reduce,
+    and the fp32 reduce-scatter input of the last block reduced."""
+    if w.collectives != "fsdp" or not w.full:
+        return 0.0
+    root = w.counts.embeddings + (0 if w.counts.tied else w.counts.head)
+    return 2 * root + 4 * w.counts.per_block
+
+
 def tied_gradient(w: Workload) -> float:
     """A tied embedding's gradient arrives twice: the head's (made in forward, engine.loss) waits in autograd's
     buffer while the lookup's backward makes a dense one of the same size, added into it as backward ends, beside
@@ -321,12 +330,8 @@ def memory(w: Workload) -> MemoryPlan:
     # block's temporaries (benchmarks/probes/memory_probe.py --peak-live at 32k tokens: the norm's are gone)
     blocks = _head_grad_held(w) + _backward_temps(w, act) - w.tokens * act.final_norm
     backward = persistent + grads_in_forward + acts + _backward_buffers(w) + max(loss_backward, blocks)
-    if w.collectives == "fsdp":  # the end of backward: every shard's gradient, the root's unsharded bf16 ones
-        # still to reduce, and the fp32 reduce-scatter input of the last block reduced
-        root = w.counts.embeddings + (0 if w.counts.tied else w.counts.head)
-        backward = max(backward, persistent + grads + (2 * root + 4 * w.counts.per_block) * w.full)
-    # the end of backward: every gradient, and a tied embedding's second
-    backward = max(backward, persistent + grads + tied_gradient(w))
+    # the end of backward: every gradient, and FSDP2's root gradients still to reduce or a tied embedding's second
+    backward = max(backward, persistent + grads + _fsdp_backward_end(w) + tied_gradient(w))
     step = persistent + grads + _step_temps(w)
     pools = 0.0
     if w.cuda_graphs:  # the graphs' pool, counted in full (phases: what lives outside it, and the pool)
