@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -233,6 +234,11 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--peak-live", action="store_true", help="list what is alive at the step's largest moment (CUDA)")
     args = ap.parse_args()
+    if len(args.configs) > 1:  # each in a process of its own: a DeepSpeed engine outlives its probe (its memory too)
+        flags = (["--out", args.out] if args.out else []) + (["--peak-live"] if args.peak_live else [])
+        for text in args.configs:
+            subprocess.run([sys.executable, __file__, *flags, text], check=False)
+        return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29531")
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):

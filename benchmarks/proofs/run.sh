@@ -122,6 +122,8 @@ planner-terms-7b)  # as planner-terms
   python3 benchmarks/probes/planner_terms.py --from "benchmarks/proofs/$topic.profiles" --out "$OUT/$topic-profiles.jsonl" ;;
 planner-terms-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
+planner-zero2-2gpu)  # held out as planner-oos-4gpu
+  tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-memory)  # held out as planner-oos-4gpu; then (PROBES=0: not) what the planner's memory items must explain:
   # what is alive at a step's peak (full fine-tunes of tied embeddings, Phi-3.5 and Qwen2.5 QLoRA), the CUDA graphs'
   # pools of Llama-3.2-1B and 3B, a full DPO's profile

@@ -162,9 +162,13 @@ def _working(w: Workload) -> list[Item]:
     return []
 
 
-def _backward_buffers(w: Workload) -> float:
-    """Buffers that exist only while backward runs: ZeRO-2's two reduce buckets (overlap_comm double-buffers)."""
-    return 2 * 2 * DS_BUCKET if w.collectives == "zero2" else 0.0
+def _loss_or_blocks(w: Workload, loss_backward: float, blocks: float) -> float:
+    """Backward's peak above the saved activations: the loss's gradients, or a block's temporaries. ZeRO-2 allocates
+    its two reduce buckets (overlap_comm double-buffers) at the first gradient it is handed, while the loss's kept
+    fp32 head gradient is still alive (benchmarks/probes/memory_probe.py --peak-live, Llama-3.2-1B and TinyGPT)."""
+    if w.collectives != "zero2":
+        return max(loss_backward, blocks)
+    return max(loss_backward, 2 * 2 * DS_BUCKET + head_grad_kept(w) + blocks)
 
 
 def loss_bytes_per_logit(w: Workload) -> int:
@@ -260,6 +264,8 @@ def tied_gradient(w: Workload) -> float:
 def _step_temps(w: Workload) -> float:
     if w.offloaded:  # the gradients go to the host's fp32 buffers, the updated weights come back into place
         return 0.0
+    if w.collectives == "zero2":  # beside the bf16 gradient partition: its flattened copy, then that in fp32 (probed)
+        return 6 * w.trainable / w.sharded
     if w.deepspeed:
         return 8 * w.trainable / w.sharded  # fp32 gradients of the partition and the update's buffers (measured)
     if w.cfg.optimizer in BNB_OPTIMIZERS and not w.full and w.cfg.strategy != "fsdp":
@@ -329,7 +335,7 @@ def memory(w: Workload) -> MemoryPlan:
     # backward: first the loss's gradients, then (once they and the final norm's saved tensors are freed) the last
     # block's temporaries (benchmarks/probes/memory_probe.py --peak-live at 32k tokens: the norm's are gone)
     blocks = _head_grad_held(w) + _backward_temps(w, act) - w.tokens * act.final_norm
-    backward = persistent + grads_in_forward + acts + _backward_buffers(w) + max(loss_backward, blocks)
+    backward = persistent + grads_in_forward + acts + _loss_or_blocks(w, loss_backward, blocks)
     # the end of backward: every gradient, and FSDP2's root gradients still to reduce or a tied embedding's second
     backward = max(backward, persistent + grads + _fsdp_backward_end(w) + tied_gradient(w))
     step = persistent + grads + _step_temps(w)
