@@ -294,6 +294,7 @@ def test_presets_have_the_public_shapes(name):
     model = load_meta_model(spec, RunConfig(model=name))
     total, active = PUBLIC[name]
     assert sum(p.numel() for p in model.parameters()) == total == counts(spec).total
+    assert len(list(model.parameters())) == counts(spec).tensors  # what DeepSpeed's per-tensor hooks visit
     assert counts(spec).matmul == (active or counts(spec).block_linears + counts(spec).head)
     assert type(model).__name__ == {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                                     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
@@ -484,8 +485,10 @@ def test_counts_of_configs_users_have(tmp_path, cls, extra):
     (tmp_path / "config.json").write_text(config.to_json_string())
     model = transformers.AutoModelForCausalLM.from_config(config)
     model.tie_weights()
-    built = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    unique = {id(p): p for p in model.parameters()}.values()
+    built = sum(p.numel() for p in unique)
     assert counts(resolve_model(str(tmp_path))).total == built
+    assert counts(resolve_model(str(tmp_path))).tensors == len(unique)
 
 
 def test_qlora_all_linear_of_a_partly_sparse_moe(tmp_path, tb):

@@ -124,6 +124,24 @@ planner-terms-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-zero2-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
+zero2-overflow-check)  # ZeRO-2 bf16 with DeepSpeed's overflow check (as before 2026-11-28, from a copy of src/)
+  # against without it (src/ as it is), each run its own process, alternated; the ratio printed. NPROC GPUs (1),
+  # STRATEGY (zero2; zero3 too), CONFIGS "model batch,..." (GPT-2 medium 8, TinyGPT 8, Llama-3.2-1B 8, 3B 2)
+  rm -rf /tmp/before && mkdir -p /tmp/before && cp -r src /tmp/before/
+  sed -i 's/"check_grad_overflow": False/"check_grad_overflow": True/' /tmp/before/src/tunebench/strategies/zero.py
+  grep -q '"check_grad_overflow": True' /tmp/before/src/tunebench/strategies/zero.py || exit 1
+  IFS=, read -ra configs <<< "${CONFIGS:-gpt2-medium 8,tinygpt-124m 8,llama-3.2-1b 8,llama-3.2-3b 2}"
+  for m in "${configs[@]}"; do
+    set -- $m
+    for side in before after; do
+      src=$PWD/src; [ $side = before ] && src=/tmp/before/src
+      PYTHONPATH=/tmp/site:$src python3 -m tunebench.cli run --model "$1" --method full --strategy "${STRATEGY:-zero2}" \
+        --precision bf16 --nproc-per-node "${NPROC:-1}" $(shape 1024 "$2" 14 5) --tag "zero2-check-$side" \
+        --json 2>/dev/null | python3 -c 'import json, sys; r = json.load(sys.stdin)
+print(sys.argv[1], sys.argv[2], r["status"], round(r["metrics"]["tokens_per_s"]))' "$1" "$side"
+    done
+  done | tee "$OUT/$topic.txt" | awk '{print} $2=="before"{b=$4} $2=="after"{printf "%s x%.3f (after / before)\n", $1, $4/b}'
+  tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null ;;
 planner-memory)  # held out as planner-oos-4gpu; then (PROBES=0: not) what the planner's memory items must explain:
   # what is alive at a step's peak (full fine-tunes of tied embeddings, Phi-3.5 and Qwen2.5 QLoRA), the CUDA graphs'
   # pools of Llama-3.2-1B and 3B, a full DPO's profile

@@ -45,6 +45,7 @@ class Counts:
     experts: int = 0  # mixture of experts: the experts' weights, all of them (part of block_linears)
     active_experts: int = 0  # ... those one token multiplies by
     routers: int = 0  # the routers' weights (trained in full fine-tuning, never quantized)
+    tensors: int = 0  # parameter tensors (a tied head once): what per-tensor hooks and checks iterate over
 
     @property
     def block_matmul(self) -> int:
@@ -112,7 +113,23 @@ def _decoder(f: Family, spec: ModelSpec) -> Counts:
     head = 0 if tied else vocab * hidden
     total = vocab * hidden + blocks + hidden + head
     return Counts(total, block_linears, vocab * hidden, blocks // layers, linears, tied, vocab * hidden, experts,
-                  active, routers)
+                  active, routers, _tensors(f, s, layers, linears, dense, ex) + 2 + (0 if tied else 1))
+
+
+def _tensors(f: Family, s: dict, layers: int, linears: tuple[Linear, ...], dense: list[Linear], ex) -> int:
+    """The blocks' parameter tensors: each linear's weight (the experts' stacked in one), its bias where the family
+    has one, the norms."""
+    attn = [lin for lin in linears if lin.name.endswith(("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj"))]
+    biases = 0
+    if f.qkv_bias:
+        biases = len(attn) - 1
+    elif s.get("attention_bias") and "attention_bias" in f.biases:
+        biases = len(attn)
+    per_block = len(attn) + biases + f.norms + 2 * f.qk_norm
+    mlp = len(dense) * (2 if s.get("mlp_bias") and "mlp_bias" in f.biases else 1)
+    if ex is None:
+        return layers * (per_block + mlp)
+    return ex.sparse * (per_block + len(linears) - len(attn)) + (layers - ex.sparse) * (per_block + mlp)
 
 
 def _gpt2(s: dict, layers: int, hidden: int, vocab: int) -> Counts:
@@ -125,8 +142,9 @@ def _gpt2(s: dict, layers: int, hidden: int, vocab: int) -> Counts:
     linears = layers * sum(lin.size for lin in shapes)
     embeddings = vocab * hidden + positions * hidden
     tied = s.get("tie_word_embeddings", True)
+    # a block: four linears and two LayerNorms, each a weight and a bias; then wte, wpe and ln_f's two
     return Counts(embeddings + layers * block + 2 * hidden + (0 if tied else vocab * hidden), linears, vocab * hidden,
-                  block, shapes, tied, embeddings)
+                  block, shapes, tied, embeddings, tensors=layers * 12 + 4 + (0 if tied else 1))
 
 
 def counts(spec: ModelSpec) -> Counts | None:

@@ -201,7 +201,8 @@ def _host(w: Workload) -> float:
     compiled_apart = w.cfg.compile is True and facts.compiled_blocks_host
     per_block = CAL.host_per_compiled_block_s if compiled_apart else facts.host_per_block_s
     per_block += len(w.targets) * (eager + facts.host_per_adapter_s) * passes
-    return w.cfg.grad_accum * w.layers * per_block
+    # a hook per trained tensor in backward (DeepSpeed copies each gradient into its bucket from Python)
+    return w.cfg.grad_accum * (w.layers * per_block + w.trainable_tensors * facts.host_per_tensor_s)
 
 
 def _network(w: Workload, hw: Hardware, compute: float) -> float:
@@ -216,7 +217,7 @@ def _network(w: Workload, hw: Hardware, compute: float) -> float:
     if w.cfg.nnodes > 1:  # never less than the same collectives cost within one node
         one_node = replace(w, cfg=w.cfg.model_copy(update={"nnodes": 1}))
         exposed = max(exposed, max(sum(COLLECTIVES[facts.collectives](one_node, hw)) - in_node * compute, 0.0))
-    return exposed + latency
+    return exposed + latency + _after_step(w, hw)
 
 
 def _split(t: float, nodes: int) -> tuple[float, float]:
@@ -249,10 +250,17 @@ def _fsdp(w: Workload, hw: Hardware) -> tuple[float, float]:
 
 
 def _zero2(w: Workload, hw: Hardware) -> tuple[float, float]:
-    """bf16 reduce-scatter of the gradients, all-gather of the updated weights."""
+    """bf16 reduce-scatter of the gradients, beside backward."""
     share, n, nodes = (w.world - 1) / w.world, w.trainable, w.cfg.nnodes
-    t = share * 2 * n / hw.collective("reduce_scatter", nodes) + share * 2 * n / hw.collective("all_gather", nodes)
-    return _split(t, nodes)
+    return _split(share * 2 * n / hw.collective("reduce_scatter", nodes), nodes)
+
+
+def _after_step(w: Workload, hw: Hardware) -> float:
+    """ZeRO-2's all-gather of the updated bf16 weights, after the optimizer's step: no compute left to hide it."""
+    if w.world == 1 or w.strategy.planner.collectives != "zero2":
+        return 0.0
+    share, nodes = (w.world - 1) / w.world, w.cfg.nnodes
+    return share * 2 * w.trainable / hw.collective("all_gather", nodes)
 
 
 def _zero3(w: Workload, hw: Hardware) -> tuple[float, float]:

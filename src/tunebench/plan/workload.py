@@ -182,6 +182,11 @@ class Workload:
         return self.counts.total if self.full else self.lora_params
 
     @property
+    def trainable_tensors(self) -> int:
+        """Trained parameter tensors: every one, or each adapter's A and B."""
+        return self.counts.tensors if self.full else sum(2 * self.blocks_with(t) for t in self.targets)
+
+    @property
     def fp32(self) -> bool:
         return self.cfg.precision == "fp32"
 

@@ -40,6 +40,7 @@ class PlannerFacts:
     host_per_adapter_s: float = 0.0  # more host time per adapted linear and pass (hooks on every adapter module)
     whole_graph_host_per_block_s: float = 0.0  # more host time per block where the whole model is one graph
     full_step_s: float = 0.0  # host time a full fine-tune's optimizer step adds, per step (DeepSpeed ZeRO-2's)
+    host_per_tensor_s: float = 0.0  # host time per trained tensor and micro-batch (DeepSpeed's gradient hooks)
     overlap_in_node: float | None = None  # ... within a node, where its records fit another share (None: overlap)
 
 
@@ -188,7 +189,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              shards="everything", hybrid=True, meta_init=True),
     Strategy("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", "zero",
              PlannerFacts("zero2", reserve=0.15, host_per_block_s=0.8e-3, overlap=0.7, compiled_blocks_host=True,
-                          full_step_s=30e-3),
+                          host_per_tensor_s=0.18e-3),
              options={"stage": 2}, shards="states", deepspeed=True),
     Strategy("zero3", "DeepSpeed ZeRO-3: parameters sharded too", "zero",
              PlannerFacts("zero3", reserve=0.2, host_per_block_s=6.2e-3, overlap=0.5, compiled_blocks_host=False,

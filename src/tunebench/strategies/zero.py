@@ -29,13 +29,16 @@ def ds_config(cfg: RunConfig, stage: int, world_size: int) -> dict:
                  "stage3_param_persistence_threshold": int(1e5)}
     if cfg.offload == "optimizer":  # pinned: the gradients' copies to the host and the weights' back overlap
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    # Stage 2 in bf16: no loss scale to back off, so DeepSpeed's overflow check would only skip a step whose gradients
+    # are not finite (the other strategies step, and the loop stops at a non-finite loss), at the cost of a serial
+    # pass of small kernels and a host sync per parameter tensor every step. Stage 3 does not read the setting.
     return {
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "gradient_accumulation_steps": cfg.grad_accum,
         "train_batch_size": cfg.batch_size * cfg.grad_accum * world_size,
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": cfg.precision == "bf16"},
+        "bf16": {"enabled": cfg.precision == "bf16"} | ({"check_grad_overflow": False} if stage == 2 else {}),
         "fp16": {"enabled": cfg.precision == "fp16"},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1 << 30,
