@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tunebench.models.families import Family, experts_of, family_of
+from tunebench.models.families import Experts, Family, experts_of, family_of
 from tunebench.models.spec import ModelSpec
 
 
@@ -116,7 +116,8 @@ def _decoder(f: Family, spec: ModelSpec) -> Counts:
                   active, routers, _tensors(f, s, layers, linears, dense, ex) + 2 + (0 if tied else 1))
 
 
-def _tensors(f: Family, s: dict, layers: int, linears: tuple[Linear, ...], dense: list[Linear], ex) -> int:
+def _tensors(f: Family, s: dict, layers: int, linears: tuple[Linear, ...], dense: list[Linear],
+             ex: Experts | None) -> int:
     """The blocks' parameter tensors: each linear's weight (the experts' stacked in one), its bias where the family
     has one, the norms."""
     attn = [lin for lin in linears if lin.name.endswith(("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj"))]

@@ -39,7 +39,7 @@ class PlannerFacts:
     collective_latency_per_block_s: float = 0.0  # the per-block collectives' latency, on more than one GPU
     host_per_adapter_s: float = 0.0  # more host time per adapted linear and pass (hooks on every adapter module)
     whole_graph_host_per_block_s: float = 0.0  # more host time per block where the whole model is one graph
-    full_step_s: float = 0.0  # host time a full fine-tune's optimizer step adds, per step (DeepSpeed ZeRO-2's)
+    full_step_s: float = 0.0  # host time a full fine-tune's optimizer step adds, per step (none since ZeRO-2's went)
     host_per_tensor_s: float = 0.0  # host time per trained tensor and micro-batch (DeepSpeed's gradient hooks)
     overlap_in_node: float | None = None  # ... within a node, where its records fit another share (None: overlap)
 
