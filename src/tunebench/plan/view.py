@@ -134,8 +134,8 @@ def calibration_tables() -> list[Table]:
     tab = Table(["constant", "value", "unit", "fitted on"], title="the planner's calibration (plan/calibration.py)")
     for name, value, unit, fitted_on in rows():
         tab.add(name, str(value), unit, fitted_on)
-    facts = [f.name for f in fields(next(iter(STRATEGIES.values())).planner)]
-    per = Table(["strategy", *facts], title="each strategy's planner facts (strategies/__init__.py)")
-    for name, st in STRATEGIES.items():
-        per.add(name, *(str(getattr(st.planner, f)) for f in facts))
+    # a fact a row, a strategy a column: the facts outnumber the strategies and would squeeze their names
+    per = Table(["fact", *STRATEGIES], title="each strategy's planner facts (strategies/__init__.py)")
+    for f in fields(next(iter(STRATEGIES.values())).planner):
+        per.add(f.name, *(str(getattr(st.planner, f.name)) for st in STRATEGIES.values()))
     return [tab, per]
