@@ -175,7 +175,7 @@ def _our_step(cfg) -> Callable[[], object]:
     """The same step `run` times, built from the runner's pieces so that the profiler can wrap it."""
     import torch.distributed as dist
 
-    from tunebench.dist import SINGLE
+    from tunebench.dist import SINGLE, from_env, init_process_group
     from tunebench.engine.step import kernel_settings, optimizer_step_fn
     from tunebench.run_preflight import preflight
     from tunebench.runner import Outcome, build_trainable, synthetic_data
@@ -186,7 +186,7 @@ def _our_step(cfg) -> Callable[[], object]:
         for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"), ("RANK", "0"), ("LOCAL_RANK", "0"),
                      ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
             os.environ.setdefault(k, v)
-        dist.init_process_group("nccl" if plan.device.type == "cuda" else "gloo", rank=0, world_size=1)
+        init_process_group(from_env(), plan.device, plan.cfg.timeout)
     t = build_trainable(plan, Outcome(), SINGLE)
     data = synthetic_data(plan, SINGLE)  # a preference objective's pairs as `run` draws them
     step = optimizer_step_fn(t.ts, data, plan.cfg, plan.device, SINGLE)
