@@ -142,6 +142,32 @@ print(sys.argv[1], sys.argv[2], r["status"], round(r["metrics"]["tokens_per_s"])
     done
   done | tee "$OUT/$topic.txt" | awk '{print} $2=="before"{b=$4} $2=="after"{printf "%s x%.3f (after / before)\n", $1, $4/b}'
   tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null ;;
+fsdp-pure-reduce)  # Qwen3-30B-A3B full FSDP2 bf16-pure on NPROC GPUs (4), s4096 checkpointed: fp32 reduce-scatter
+  # (as before 2026-11-28, from a copy of src/) against bf16 (src/ as it is) at batch 4, each its own process; then
+  # bf16 at BATCHES (8 16); each planned first (the plan's line printed), records in $OUT/$topic.jsonl. LAYERS: its
+  # shape cut to that many blocks (a local folder of its config), as many per GPU on fewer GPUs; AB=0 without the pair
+  model=qwen3-30b-a3b
+  [ -n "${LAYERS:-}" ] && model=$(python3 -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/probes")
+from long_context import write_model; print(write_model("qwen3-30b-a3b", int(sys.argv[1]), None, Path("/tmp/models")))' "$LAYERS")
+  rm -rf /tmp/before && mkdir -p /tmp/before && cp -r src /tmp/before/
+  sed -i 's/reduce = torch.bfloat16 if cfg.precision == "bf16-pure" else torch.float32/reduce = torch.float32/' \
+    /tmp/before/src/tunebench/strategies/fsdp.py
+  grep -q '    reduce = torch.float32$' /tmp/before/src/tunebench/strategies/fsdp.py || exit 1
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  pair=("before 4" "after 4"); [ "${AB:-1}" = 0 ] && pair=()
+  for run in ${pair[@]+"${pair[@]}"} $(for b in ${BATCHES:-8 16}; do echo "after_$b"; done); do
+    set -- ${run/_/ }
+    src=$PWD/src; [ "$1" = before ] && src=/tmp/before/src
+    args="--model $model --method full --strategy fsdp --nproc-per-node ${NPROC:-4} --precision bf16-pure
+      --grad-ckpt $(shape 4096 "$2" 10 4)"
+    PYTHONPATH=/tmp/site:$src python3 -m tunebench.cli plan $args --json 2>/dev/null | python3 -c 'import json, sys
+p = json.load(sys.stdin); print("planned", round(p["tokens_per_s"]), round(p["peak_mem_allocated_bytes"] / 2**30, 2), "GiB")'
+    PYTHONPATH=/tmp/site:$src python3 -m tunebench.cli run $args --tag "fsdp-reduce-$1" --json 2>/dev/null \
+      | python3 -c 'import json, sys; r = json.load(sys.stdin); m = r["metrics"] or {}
+print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)), round(100 * (m.get("mfu") or 0), 1), "% MFU",
+      round((m.get("peak_mem_allocated_bytes") or 0) / 2**30, 2), "GiB", (m.get("losses") or [None])[::3], r["error"])' "$@"
+  done | tee "$OUT/$topic.txt"
+  tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null ;;
 planner-memory)  # held out as planner-oos-4gpu; then (PROBES=0: not) what the planner's memory items must explain:
   # what is alive at a step's peak (full fine-tunes of tied embeddings, Phi-3.5 and Qwen2.5 QLoRA), the CUDA graphs'
   # pools of Llama-3.2-1B and 3B, a full DPO's profile

@@ -227,6 +227,8 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     inner = w.mlp_width
     # the MLP's input gradients; chunked, one chunk's forward rebuilt beside them (gate, up, their product, SiLU's)
     temps = (6 * w.chunked_mlp if w.chunked_mlp else 2 * w.tokens) * inner * w.compute_bytes
+    if w.experts:  # a sparse block's: the gradients of its experts' outputs and of the tokens they gathered
+        temps += 2 * w.tokens * w.experts.active * s.hidden_size * w.compute_bytes
     if act.attention == "math":  # gradients of the S x S probabilities
         temps += 2 * w.cfg.rows_per_micro * s.num_heads * w.cfg.seq_len ** 2 * w.compute_bytes
     if w.checkpointed_share:
@@ -244,11 +246,19 @@ def _backward_temps(w: Workload, act: Activations) -> float:
 
 def _fsdp_backward_end(w: Workload) -> float:
     """FSDP2 as backward ends, beyond every shard's gradient: the root's unsharded bf16 gradients still to reduce,
-    and the fp32 reduce-scatter input of the last block reduced."""
+    and the reduce-scatter input of the last block reduced (fp32; bf16-pure: bf16)."""
     if w.collectives != "fsdp" or not w.full:
         return 0.0
     root = w.counts.embeddings + (0 if w.counts.tied else w.counts.head)
-    return 2 * root + 4 * w.counts.per_block
+    return 2 * root + w.reduce_bytes * w.counts.per_block
+
+
+def _first_block_last(w: Workload, blocks: float) -> float:
+    """The first block's backward, the last to run: its temporaries beside every other block's gradient. A mixture
+    of experts' full fine-tune peaks there, its block's gradient temporaries outweighing the block's own gradient
+    (benchmarks/probes/memory_probe.py --peak-live: the other blocks' expert gradients and four tensors of k x h
+    tokens alive)."""
+    return blocks - w.param_bytes * w.counts.per_block / w.sharded
 
 
 def tied_gradient(w: Workload) -> float:
@@ -337,7 +347,8 @@ def memory(w: Workload) -> MemoryPlan:
     blocks = _head_grad_held(w) + _backward_temps(w, act) - w.tokens * act.final_norm
     backward = persistent + grads_in_forward + acts + _loss_or_blocks(w, loss_backward, blocks)
     # the end of backward: every gradient, and FSDP2's root gradients still to reduce or a tied embedding's second
-    backward = max(backward, persistent + grads + _fsdp_backward_end(w) + tied_gradient(w))
+    backward = max(backward, persistent + grads + _fsdp_backward_end(w) + tied_gradient(w),
+                   persistent + grads + _first_block_last(w, blocks))
     step = persistent + grads + _step_temps(w)
     pools = 0.0
     if w.cuda_graphs:  # the graphs' pool, counted in full (phases: what lives outside it, and the pool)

@@ -232,18 +232,18 @@ def _all_reduce(w: Workload, hw: Hardware) -> tuple[float, float]:
 
 
 def _fsdp(w: Workload, hw: Hardware) -> tuple[float, float]:
-    """bf16 all-gathers in forward and backward, an fp32 reduce-scatter, per micro-batch; HSDP: within groups of
-    shard_size GPUs, then the shards all-reduced across them."""
+    """bf16 all-gathers in forward and backward, a reduce-scatter (fp32; bf16-pure: bf16), per micro-batch; HSDP:
+    within groups of shard_size GPUs, then the shards all-reduced across them."""
     n, world, nodes, group = w.trainable, w.world, w.cfg.nnodes, w.shard_group
     spans = -(-group // (world // nodes))  # nodes one shard group spans
     inside = (group - 1) / group
     gathers = 2 + w.reference_forward  # forward, backward, and DPO's reference forward (its copy, or the base)
     t = w.cfg.grad_accum * inside * gathers * w.gathered_bytes / hw.collective("all_gather", spans)
-    t += inside * 4 * n / hw.collective("reduce_scatter", spans)
+    t += inside * w.reduce_bytes * n / hw.collective("reduce_scatter", spans)
     in_node, across = _split(t, spans)
     if group < world:
         replicas = world // group
-        replicated = 2 * (replicas - 1) / replicas * 4 * n / group / hw.collective("all_reduce", nodes)
+        replicated = 2 * (replicas - 1) / replicas * w.reduce_bytes * n / group / hw.collective("all_reduce", nodes)
         more_in_node, more_across = _split(replicated, nodes)
         in_node, across = in_node + more_in_node, across + more_across
     return in_node, across

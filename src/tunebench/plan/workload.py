@@ -201,6 +201,11 @@ class Workload:
         return 2 if self.pure else 4
 
     @property
+    def reduce_bytes(self) -> int:
+        """Bytes per element FSDP2 reduce-scatters: fp32, or bf16 under bf16-pure (strategies.fsdp)."""
+        return self.param_bytes
+
+    @property
     def deepspeed(self) -> bool:
         return self.strategy.deepspeed
 

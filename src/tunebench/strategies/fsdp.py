@@ -1,5 +1,5 @@
-"""FSDP2: ``fully_shard`` on each transformer block, then on the root; bf16 compute, fp32 reduction; with
-``shard_size`` below the world size, HSDP (groups of ranks each sharding a replica)."""
+"""FSDP2: ``fully_shard`` on each transformer block, then on the root; bf16 compute, fp32 reduction (bf16 under
+bf16-pure); with ``shard_size`` below the world size, HSDP (groups of ranks each sharding a replica)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,18 @@ from tunebench.strategies.state import Sharded
 COMPUTE = {"bf16": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16": torch.float16}
 
 
+def _policies(cfg: RunConfig) -> tuple[MixedPrecisionPolicy, MixedPrecisionPolicy]:
+    """(the root's policy, the blocks'). Gradients reduce in fp32 where an fp32 master copy takes them; under
+    bf16-pure the shards keep bf16 gradients, so an fp32 reduce-scatter would only double its bytes and add a
+    copy of every gradient each way (as DDP, which reduces in the gradients' dtype)."""
+    reduce = torch.bfloat16 if cfg.precision == "bf16-pure" else torch.float32
+    root = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=reduce)
+    # Blocks take their inputs as they come (bf16 from the bf16 root): under Hugging Face's checkpointing
+    # FSDP's hook runs inside the checkpointed call, and before torch 2.13 it skipped the input cast when
+    # recomputing, so a cast in forward only made the recompute's dtypes differ (CheckpointError on GPU).
+    return root, MixedPrecisionPolicy(param_dtype=root.param_dtype, reduce_dtype=reduce, cast_forward_inputs=False)
+
+
 def _mesh(device: torch.device, world_size: int, shard_size: int | None):
     """All ranks sharding one copy (FSDP), or HSDP: groups of `shard_size` consecutive ranks (torchrun numbers a
     node's processes together) each shard a copy, and the groups all-reduce their gradient shards."""
@@ -31,11 +43,7 @@ def apply(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, device: torc
           world_size: int, materialize: Callable[[], None] | None = None) -> TrainStep:
     """Shard each block, then the root; `materialize` then makes this rank's shards of a model built on meta."""
     mesh = _mesh(device, world_size, cfg.shard_size)
-    mp = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=torch.float32)
-    # Blocks take their inputs as they come (bf16 from the bf16 root): under Hugging Face's checkpointing
-    # FSDP's hook runs inside the checkpointed call, and before torch 2.13 it skipped the input cast when
-    # recomputing, so a cast in forward only made the recompute's dtypes differ (CheckpointError on GPU).
-    block_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    mp, block_mp = _policies(cfg)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=block_mp)
     fully_shard(module, mesh=mesh, mp_policy=mp)  # the root: embeddings, final norm, head
@@ -72,8 +80,7 @@ def shard_frozen(module: nn.Module, blocks: nn.ModuleList, cfg: RunConfig, devic
     """A frozen model (DPO's reference) sharded as `apply` shards the policy: each block, then the root; no
     optimizer, no gradients."""
     mesh = _mesh(device, world_size, cfg.shard_size)
-    mp = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=torch.float32)
-    block_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    mp, block_mp = _policies(cfg)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=block_mp)
     fully_shard(module, mesh=mesh, mp_policy=mp)
