@@ -117,16 +117,26 @@ def test_the_launching_process_imports_no_engine():
     assert out.strip() == "[]"
 
 
-def test_a_model_process_loads_transformers_without_scikit_learn():
-    """tunebench's processes (launch.lean) load transformers' models without the scikit-learn that
-    lm-evaluation-harness installs (a second of every rank's start); it stays importable, and evaluation uses it."""
-    pytest.importorskip("sklearn")
+def test_a_model_process_loads_transformers_without_scikit_learn_scipy_or_torchao():
+    """tunebench's processes (launch.lean) load transformers' models and their losses without the scikit-learn that
+    lm-evaluation-harness installs, SciPy, or torchao (seconds of every rank's start); each stays importable, and
+    evaluation and float8 use them. Where transformers was told before that a package is installed, the module
+    loads as it is."""
+    for package in ("sklearn", "scipy", "torchao"):
+        pytest.importorskip(package)
     code = ("import sys; from tunebench.launch import lean; lean.install(); lean.install(); "
             "import transformers.generation.candidate_generator as c; from transformers import LlamaForCausalLM; "
-            "before = 'sklearn' in sys.modules; import sklearn.metrics; "
+            "from transformers.loss.loss_utils import LOSS_MAPPING; import transformers.quantizers.auto; "
+            "before = sorted(p for p in ('sklearn', 'scipy', 'torchao') if p in sys.modules); "
+            "import sklearn.metrics, scipy.optimize, torchao; "
             "print(before, type(c.__loader__).__name__, sum(type(f).__name__ == '_Guard' for f in sys.meta_path))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "_Hiding", "1"]
+    assert out.split() == ["[]", "_Hiding", "1"]
+    told = ("from tunebench.launch import lean; lean.install(); from transformers.utils import is_scipy_available; "
+            "assert is_scipy_available(); import transformers.loss.loss_for_object_detection as d; "
+            "print(d.linear_sum_assignment.__module__)")
+    out = subprocess.run([sys.executable, "-c", told], capture_output=True, text=True, check=True).stdout
+    assert out.strip().startswith("scipy.optimize")
 
 
 def test_results_are_saved_in_one_place():
