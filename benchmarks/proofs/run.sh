@@ -124,6 +124,10 @@ planner-terms-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-zero2-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
+planner-first-block)  # held out as planner-oos-4gpu
+  tb plan --validate "$OUT/$topic.jsonl" ;;
+planner-first-block-2)  # held out as planner-oos-4gpu
+  tb plan --validate "$OUT/$topic.jsonl" ;;
 zero2-overflow-check)  # ZeRO-2 bf16 with DeepSpeed's overflow check (as before 2026-11-28, from a copy of src/)
   # against without it (src/ as it is), each run its own process, alternated; the ratio printed. NPROC GPUs (1),
   # STRATEGY (zero2; zero3 too), CONFIGS "model batch,..." (GPT-2 medium 8, TinyGPT 8, Llama-3.2-1B 8, 3B 2)

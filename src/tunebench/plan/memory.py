@@ -221,8 +221,9 @@ def _head_grad_held(w: Workload) -> float:
     return 2 * w.counts.head if (w.collectives == "fsdp" and w.head_trains and w.fused_head) else 0.0
 
 
-def _backward_temps(w: Workload, act: Activations) -> float:
-    """Gradient temporaries of the block being differentiated (and its rebuilt activations when checkpointed)."""
+def _backward_temps(w: Workload, act: Activations, first: bool = False) -> float:
+    """Gradient temporaries of the block being differentiated (and its rebuilt activations when checkpointed);
+    `first`: the first block's, differentiated last, whose traced backward holds that block alone."""
     s = w.spec
     inner = w.mlp_width
     # the MLP's input gradients; chunked, one chunk's forward rebuilt beside them (gate, up, their product, SiLU's)
@@ -234,10 +235,11 @@ def _backward_temps(w: Workload, act: Activations) -> float:
     if w.checkpointed_share:
         temps += w.tokens * act.per_layer + act.per_block
     if w.recompute_traced and w.recomputed_share:
-        # a dense block's traced backward holds more than the one block it rebuilds; a sparse block's holds that
-        # block alone beside its dequantized experts (benchmarks/probes/memory_probe.py --peak-live shows it)
+        # a dense block's traced backward holds more than the one block it rebuilds (the next one's recompute
+        # begun), but for the first block's, the last; a sparse block's holds that block alone beside its
+        # dequantized experts (benchmarks/probes/memory_probe.py --peak-live shows it)
         sparse = w.experts.sparse / w.layers if w.experts else 0.0
-        temps += CAL.traced_extra_blocks * (1 - sparse) * w.tokens * act.per_layer
+        temps += 0.0 if first else CAL.traced_extra_blocks * (1 - sparse) * w.tokens * act.per_layer
         # QLoRA's block weights rebuilt for its backward: bf16, or e4m3 with a frozen float8 base (not measured)
         rebuilt = 1 if w.cfg.frozen_float8 else 2
         temps += rebuilt * w.counts.block_linears / w.layers if w.cfg.method == "qlora" else 0.0
@@ -253,12 +255,13 @@ def _fsdp_backward_end(w: Workload) -> float:
     return 2 * root + w.reduce_bytes * w.counts.per_block
 
 
-def _first_block_last(w: Workload, blocks: float) -> float:
-    """The first block's backward, the last to run: its temporaries beside every other block's gradient. A mixture
-    of experts' full fine-tune peaks there, its block's gradient temporaries outweighing the block's own gradient
-    (benchmarks/probes/memory_probe.py --peak-live: the other blocks' expert gradients and four tensors of k x h
-    tokens alive)."""
-    return blocks - w.param_bytes * w.counts.per_block / w.sharded
+def _first_block_last(w: Workload, act: Activations) -> float:
+    """The first block's backward, the last to run: its temporaries beside every other block's gradient. Full
+    fine-tunes peak there where a block's gradient temporaries outweigh its own gradient (benchmarks/probes/
+    memory_probe.py --peak-live: a mixture of experts' with the other blocks' expert gradients and four tensors of
+    k x h tokens alive; Llama-3.1-8B's and 3.2-3B's with their MLP's rebuilt and gradient tensors)."""
+    temps = _head_grad_held(w) + _backward_temps(w, act, first=True) - w.tokens * act.final_norm
+    return temps - w.param_bytes * w.counts.per_block / w.sharded
 
 
 def tied_gradient(w: Workload) -> float:
@@ -348,7 +351,7 @@ def memory(w: Workload) -> MemoryPlan:
     backward = persistent + grads_in_forward + acts + _loss_or_blocks(w, loss_backward, blocks)
     # the end of backward: every gradient, and FSDP2's root gradients still to reduce or a tied embedding's second
     backward = max(backward, persistent + grads + _fsdp_backward_end(w) + tied_gradient(w),
-                   persistent + grads + _first_block_last(w, blocks))
+                   persistent + grads + _first_block_last(w, act))
     step = persistent + grads + _step_temps(w)
     pools = 0.0
     if w.cuda_graphs:  # the graphs' pool, counted in full (phases: what lives outside it, and the pool)
