@@ -48,8 +48,8 @@ class Prediction:
 
     @property
     def verdict(self) -> str:
-        used = self.mem.total / self.hw.gpu.memory_bytes
-        return "fits" if used <= TIGHT else ("tight" if used <= 1.0 else "does not fit")
+        used, least = (m / self.hw.gpu.memory_bytes for m in (self.mem.total, self.mem.least))
+        return "fits" if used <= TIGHT else ("tight" if used <= 1.0 or least <= 1.0 else "does not fit")
 
     @property
     def fits(self) -> bool:

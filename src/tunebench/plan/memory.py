@@ -65,6 +65,13 @@ class MemoryPlan:
         """What the GPU must hold: the allocator's peak, its reserve, the context, paged state."""
         return self.peak_allocated + self.reserve_bytes + self.context_bytes + self.paged_bytes
 
+    @property
+    def least(self) -> float:
+        """What the GPU cannot do without: the reserve trimmed to its floor. PyTorch's allocator frees the cached
+        blocks it holds and retries before it reports out of memory, so a peak that fits only so still runs."""
+        return self.peak_allocated + min(self.reserve_bytes, CAL.reserve_floor_bytes) + self.context_bytes \
+            + self.paged_bytes
+
     def item(self, name: str) -> float:
         return sum(i.bytes for i in self.items if i.name == name)
 
@@ -261,7 +268,8 @@ def _first_block_last(w: Workload, act: Activations) -> float:
     memory_probe.py --peak-live: a mixture of experts' with the other blocks' expert gradients and four tensors of
     k x h tokens alive; Llama-3.1-8B's and 3.2-3B's with their MLP's rebuilt and gradient tensors)."""
     temps = _head_grad_held(w) + _backward_temps(w, act, first=True) - w.tokens * act.final_norm
-    return temps - w.param_bytes * w.counts.per_block / w.sharded
+    own_gradient = w.param_bytes * w.counts.per_block / w.sharded if w.full else 0.0  # adapters': next to nothing
+    return temps - own_gradient
 
 
 def tied_gradient(w: Workload) -> float:

@@ -64,8 +64,8 @@ def summary_table(p: Prediction) -> Table:
         tab.add("note", "mixture of experts: its grouped GEMMs' efficiency fitted on two models (Qwen3-30B-A3B, "
                         "Mixtral-8x7B)")
     if p.verdict == "tight":
-        tab.add("note", "within 5% of the GPU's memory: fragmentation may still run out; "
-                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it")
+        tab.add("note", "within 5% of the GPU's memory, or fitting only with the allocator's cache trimmed: "
+                        "fragmentation may still run out; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it")
     return tab
 
 
