@@ -69,8 +69,7 @@ class MemoryPlan:
     def least(self) -> float:
         """What the GPU cannot do without: the reserve trimmed to its floor. PyTorch's allocator frees the cached
         blocks it holds and retries before it reports out of memory, so a peak that fits only so still runs."""
-        return self.peak_allocated + min(self.reserve_bytes, CAL.reserve_floor_bytes) + self.context_bytes \
-            + self.paged_bytes
+        return self.total - self.reserve_bytes + min(self.reserve_bytes, CAL.reserve_floor_bytes)
 
     def item(self, name: str) -> float:
         return sum(i.bytes for i in self.items if i.name == name)
@@ -262,14 +261,18 @@ def _fsdp_backward_end(w: Workload) -> float:
     return 2 * root + w.reduce_bytes * w.counts.per_block
 
 
+def _block_in_backward(w: Workload, act: Activations, first: bool = False) -> float:
+    """A block's backward temporaries and FSDP2's waiting head gradient, the final norm's saved tensors gone."""
+    return _head_grad_held(w) + _backward_temps(w, act, first) - w.tokens * act.final_norm
+
+
 def _first_block_last(w: Workload, act: Activations) -> float:
     """The first block's backward, the last to run: its temporaries beside every other block's gradient. Full
     fine-tunes peak there where a block's gradient temporaries outweigh its own gradient (benchmarks/probes/
     memory_probe.py --peak-live: a mixture of experts' with the other blocks' expert gradients and four tensors of
     k x h tokens alive; Llama-3.1-8B's and 3.2-3B's with their MLP's rebuilt and gradient tensors)."""
-    temps = _head_grad_held(w) + _backward_temps(w, act, first=True) - w.tokens * act.final_norm
     own_gradient = w.param_bytes * w.counts.per_block / w.sharded if w.full else 0.0  # adapters': next to nothing
-    return temps - own_gradient
+    return _block_in_backward(w, act, first=True) - own_gradient
 
 
 def tied_gradient(w: Workload) -> float:
@@ -353,9 +356,9 @@ def memory(w: Workload) -> MemoryPlan:
     grads_in_forward = _grads_in_forward(w, grads)
     acts += _weight_casts(w)
     forward = persistent + grads_in_forward + acts + kept_loss + loss_transient
-    # backward: first the loss's gradients, then (once they and the final norm's saved tensors are freed) the last
-    # block's temporaries (benchmarks/probes/memory_probe.py --peak-live at 32k tokens: the norm's are gone)
-    blocks = _head_grad_held(w) + _backward_temps(w, act) - w.tokens * act.final_norm
+    # backward: first the loss's gradients, then (once they and the final norm's saved tensors are freed: the probe
+    # at 32k tokens) the last block's temporaries
+    blocks = _block_in_backward(w, act)
     backward = persistent + grads_in_forward + acts + _loss_or_blocks(w, loss_backward, blocks)
     # the end of backward: every gradient, and FSDP2's root gradients still to reduce or a tied embedding's second
     backward = max(backward, persistent + grads + _fsdp_backward_end(w) + tied_gradient(w),
