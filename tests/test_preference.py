@@ -131,6 +131,35 @@ def test_dpo_equals_trls_dpo_trainer(trl_batch, loss_type):
         metrics["rewards/margins"][-1], abs=1e-6)
 
 
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_a_trained_heads_log_probabilities_and_gradients_are_autograds(softcap):
+    """Full fine-tuning's head: each token's log-probability, and the gradients of a weighted sum of them for the
+    hidden states, the weight and the bias, equal autograd's through the plain head. Chunks of 7 tokens (grouped for
+    the head's gradient), 100 rows (padded in the pass); without gradients the same values."""
+    from tunebench.engine.preference import _TrainedHeadLogps, token_logps
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 100)
+    h = torch.randn(50, 16, requires_grad=True)
+    y, weights = torch.randint(0, 100, (50,)), torch.randn(50)
+    z = head(h)
+    if softcap is not None:
+        z = torch.tanh(z / softcap) * softcap
+    theirs = z.log_softmax(-1).gather(1, y[:, None]).squeeze(1)
+    (theirs * weights).sum().backward()
+    expected = [t.grad.clone() for t in (h, head.weight, head.bias)]
+    for t in (h, head.weight, head.bias):
+        t.grad = None
+    ours = _TrainedHeadLogps.apply(h, head.weight, head.bias, y, 7, torch.float32, softcap)
+    (ours * weights).sum().backward()
+    torch.testing.assert_close(ours, theirs.detach(), atol=1e-5, rtol=1e-5)
+    for got, want in zip((h.grad, head.weight.grad, head.bias.grad), expected, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(token_logps(h, head, y, 100, softcap=softcap), theirs.detach(), atol=1e-5,
+                                   rtol=1e-5)
+
+
 def _trl_logps(model, batch, average: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Chosen and rejected answers' log-probabilities as TRL's CPO/ORPO trainers compute them (get_batch_logps on the
     model's logits), and the chosen answers' mean NLL over their tokens."""
@@ -397,3 +426,28 @@ def test_the_planner_counts_both_rows_the_reference_and_its_copy():
     assert whole == pytest.approx(4 * predict(RunConfig(**base, method="full"), gpu).workload.counts.total)
     assert copy_bytes(strategy="fsdp", nproc_per_node=4) == pytest.approx(whole / 4)
     assert copy_bytes(precompute_reference=True) == 0
+
+
+@pytest.mark.parametrize("strategy,precision,dtype", [("zero2", "bf16", torch.bfloat16), ("single", "bf16", torch.float32),
+                                                      ("ddp", "bf16", torch.float32), ("zero2", "fp32", torch.float32)])
+def test_the_frozen_reference_computes_in_the_dtype_the_policy_does(strategy, precision, dtype):
+    """DeepSpeed casts the policy to bf16 and runs it without autocast: DPO's frozen copy is cast alike (left in
+    fp32, its forward ran in fp32: Llama-3.2-1B full DPO under ZeRO-2 on two H200s at a third of its planned speed),
+    and the planner counts it so. Under autocast the copy stays as built, as the policy's weights do."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tunebench.config import RunConfig
+    from tunebench.gpus import gpu_named
+    from tunebench.plan import predict
+    from tunebench.runner import reference_model
+    from tunebench.strategies import STRATEGIES
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    cfg = RunConfig(model="llama-3.2-1b", method="full", objective="dpo", strategy=strategy, precision=precision,
+                    nproc_per_node=2 if strategy != "single" else 1, device="cpu")
+    reference = reference_model(model, cfg, STRATEGIES[strategy], torch.device("cpu"), 1, 2, None)
+    assert {p.dtype for p in reference.parameters()} == {dtype}
+    plan = predict(cfg.model_copy(update={"device": "auto"}), gpu_named("H100-80GB"), cfg.nproc_per_node)
+    copy = sum(i.bytes for i in plan.mem.items if i.name == "reference model")
+    assert copy == dtype.itemsize * plan.workload.counts.total

@@ -124,6 +124,8 @@ planner-terms-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-zero2-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
+planner-dpo-2gpu)  # held out as planner-oos-4gpu
+  tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-first-block)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-first-block-2)  # held out as planner-oos-4gpu
@@ -146,6 +148,30 @@ print(sys.argv[1], sys.argv[2], r["status"], round(r["metrics"]["tokens_per_s"])
     done
   done | tee "$OUT/$topic.txt" | awk '{print} $2=="before"{b=$4} $2=="after"{printf "%s x%.3f (after / before)\n", $1, $4/b}'
   tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null ;;
+dpo-head)  # Llama-3.2-1B DPO: full fine-tuning (its trained head) and LoRA (its reference without gradients), s1024
+  # checkpointed; BEFORE: a tarball of an earlier commit's src/ (git archive COMMIT src | gzip) run first, each run its
+  # own process, the ratio printed; then the full run's step profiled (kernels by kind, and where the GPU waits)
+  sides=(after); if [ -n "${BEFORE:-}" ]; then
+    rm -rf /tmp/before && mkdir -p /tmp/before && tar -xzf "$BEFORE" -C /tmp/before || exit 1; sides=(before after)
+  fi
+  IFS=, read -ra configs <<< "${CONFIGS:-full 4 1024,full 2 2048,lora 8 1024}"
+  for m in "${configs[@]}"; do
+    set -- $m
+    args="--model llama-3.2-1b --method $1 --objective dpo --grad-ckpt $(shape "$3" "$2" 14 6)"
+    tb plan $args --json 2>/dev/null | python3 -c 'import json, sys
+p = json.load(sys.stdin); print(*sys.argv[1:], "planned", round(p["tokens_per_s"]), round(p["peak_mem_allocated_bytes"] / 2**30, 2))' "$1" "$2"
+    for side in "${sides[@]}"; do
+      src=$PWD/src; [ $side = before ] && src=/tmp/before/src
+      PYTHONPATH=/tmp/site:$src python3 -m tunebench.cli run $args --tag "dpo-head-$side" --json 2>/dev/null \
+        | python3 -c 'import json, sys; r = json.load(sys.stdin); m = r["metrics"] or {}
+print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)), round((m.get("peak_mem_allocated_bytes") or 0) / 2**30, 2),
+      "GiB", (m.get("losses") or [None])[::4], r["error"])' "$1" "$2" "$side"
+    done
+  done | tee "$OUT/$topic.txt" | awk '{print} $3=="before"{b=$5} $3=="after"&&b{printf "%s b%s x%.3f (after / before)\n", $1, $2, $5/b; b=0}'
+  tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null
+  PROFILE_TRACE=/tmp/dpo-full-trace.json python3 benchmarks/probes/profile_trace.py --model llama-3.2-1b --method full \
+    --objective dpo --seq-len 1024 --batch-size 4 --grad-ckpt 2>/dev/null | tail -1 | tee "$OUT/$topic-profile.json"
+  python3 benchmarks/probes/profile_trace.py --gaps /tmp/dpo-full-trace.json | tee "$OUT/$topic-gaps.txt" ;;
 fsdp-pure-reduce)  # Qwen3-30B-A3B full FSDP2 bf16-pure on NPROC GPUs (4), s4096 checkpointed: fp32 reduce-scatter
   # (as before 2026-11-28, from a copy of src/) against bf16 (src/ as it is) at batch 4, each its own process; then
   # bf16 at BATCHES (8 16); each planned first (the plan's line printed), records in $OUT/$topic.jsonl. LAYERS: its

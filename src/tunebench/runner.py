@@ -205,6 +205,9 @@ def reference_model(frozen, cfg: RunConfig, strategy: Strategy, device: torch.de
 
     model = frozen.model if isinstance(frozen, MetaBuild) else frozen
     model.eval().requires_grad_(False)
+    if strategy.deepspeed and cfg.precision in ("bf16", "fp16"):
+        # DeepSpeed casts the policy and runs it without autocast: the copy cast alike, or its forward runs in fp32
+        model.to(torch.bfloat16 if cfg.precision == "bf16" else torch.float16)
     blocks = transformer_blocks(model, num_layers)
     if cfg.mlp_chunk:  # its forward without gradients, a chunk at a time: no MLP-wide tensor of every token
         chunk_mlps(blocks, cfg.mlp_chunk)

@@ -58,54 +58,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     def _forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype, masked: bool,
                  softcap: float | None):
         vocab = weight.shape[0]
-        w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
-        hc = h.to(dtype)
-        # Traced (a whole model's graph), no buffer is filled in place by its slices: torch 2.11's dynamo saved for
-        # backward what a tensor held before such writes (all-zero gradients: tests/test_loss.py, run on an H200).
-        # The head's gradient is the exception: one opaque op writes it in place (_accumulate_in_graph).
-        traced = torch.compiler.is_compiling()
-        grad_h = torch.empty_like(hc) if h.requires_grad and not traced else None
-        grads_h: list[torch.Tensor] = []  # traced: each group's, joined at the end
-        grad_w = torch.zeros_like(w, dtype=torch.float32) if weight.requires_grad else None
-        grad_b = torch.zeros_like(b, dtype=torch.float32) if bias is not None and bias.requires_grad else None
-        total = torch.zeros((), device=h.device, dtype=torch.float32)
-        # a trained head's gradient takes one matmul per GRAD_GROUP chunks: each pass over its fp32 accumulator
-        # costs about what the product does at one chunk's width, so a pass per chunk would cost as much again
-        span = chunk * GRAD_GROUP if grad_w is not None else chunk
-        for i in range(0, hc.shape[0], span):
-            rows = hc[i:i + span]
-            # d loss / d logits in the compute dtype: one chunk's, or a group's gathered (eagerly into one buffer,
-            # each chunk's freed before the next chunk's logits exist)
-            g_rows = torch.empty((rows.shape[0], w.shape[0]), device=h.device, dtype=dtype) if (
-                span > chunk and not traced) else None
-            parts = []
-            for j in range(0, rows.shape[0], chunk):
-                x, y = rows[j:j + chunk], labels[i + j:i + j + chunk]
-                valid = None
-                if masked:  # tokens labelled IGNORE add nothing to the loss and get no gradient
-                    valid = y != IGNORE
-                    y = torch.where(valid, y, 0)
-                part, g = _loss_and_grad(F.linear(x, w, b), y, vocab, valid, dtype, softcap)
-                total = total + part if traced else total.add_(part)
-                if g_rows is None:
-                    parts.append(g)
-                else:
-                    g_rows[j:j + chunk] = g
-                    del g
-            if g_rows is None:
-                g_rows = parts[0] if len(parts) == 1 else torch.cat(parts)
-            del parts
-            if traced and h.requires_grad:
-                grads_h.append(g_rows @ w)
-            elif grad_h is not None:
-                grad_h[i:i + span] = g_rows @ w
-            if grad_w is not None:
-                (_accumulate_in_graph if traced else _accumulate)(grad_w, g_rows.t(), rows)
-            if grad_b is not None:
-                group_b = g_rows.sum(0, dtype=torch.float32)
-                grad_b = grad_b + group_b if traced else grad_b.add_(group_b)
-        if grads_h:
-            grad_h = torch.cat(grads_h)
+        total, grad_h, grad_w, grad_b = head_pass(h, weight, bias, labels, chunk, dtype, masked, softcap)
         ctx.save_for_backward(grad_h, None if grad_w is None else grad_w[:vocab],
                               None if grad_b is None else grad_b[:vocab])
         ctx.dtypes = (h.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -119,6 +72,65 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         gw = None if grad_w is None else (grad_w * grad_out).to(wd)
         gb = None if grad_b is None else (grad_b * grad_out).to(bd)
         return gh, gw, gb, None, None, None, None, None
+
+
+def head_pass(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, chunk: int,
+              dtype: torch.dtype, masked: bool = False, softcap: float | None = None,
+              weights: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """The fused loss's pass over the head, chunk by chunk: (sum over tokens of weights x CE(h @ W.T + b, y), its
+    d/dh, d/dW in fp32 and d/db over the head's padded rows), each gradient only where its input requires one.
+    `weights`: each token's multiplier (1 where None); SFT's loss takes 1, a preference loss its d loss / d log p."""
+    vocab = weight.shape[0]
+    w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
+    hc = h.to(dtype)
+    # Traced (a whole model's graph), no buffer is filled in place by its slices: torch 2.11's dynamo saved for
+    # backward what a tensor held before such writes (all-zero gradients: tests/test_loss.py, run on an H200).
+    # The head's gradient is the exception: one opaque op writes it in place (_accumulate_in_graph).
+    traced = torch.compiler.is_compiling()
+    grad_h = torch.empty_like(hc) if h.requires_grad and not traced else None
+    grads_h: list[torch.Tensor] = []  # traced: each group's, joined at the end
+    grad_w = torch.zeros_like(w, dtype=torch.float32) if weight.requires_grad else None
+    grad_b = torch.zeros_like(b, dtype=torch.float32) if bias is not None and bias.requires_grad else None
+    total = torch.zeros((), device=h.device, dtype=torch.float32)
+    # a trained head's gradient takes one matmul per GRAD_GROUP chunks: each pass over its fp32 accumulator
+    # costs about what the product does at one chunk's width, so a pass per chunk would cost as much again
+    span = chunk * GRAD_GROUP if grad_w is not None else chunk
+    for i in range(0, hc.shape[0], span):
+        rows = hc[i:i + span]
+        # d loss / d logits in the compute dtype: one chunk's, or a group's gathered (eagerly into one buffer,
+        # each chunk's freed before the next chunk's logits exist)
+        g_rows = torch.empty((rows.shape[0], w.shape[0]), device=h.device, dtype=dtype) if (
+            span > chunk and not traced) else None
+        parts = []
+        for j in range(0, rows.shape[0], chunk):
+            x, y = rows[j:j + chunk], labels[i + j:i + j + chunk]
+            valid = None if weights is None else weights[i + j:i + j + chunk]
+            if masked:  # tokens labelled IGNORE add nothing to the loss and get no gradient
+                kept = y != IGNORE
+                valid = kept if valid is None else valid * kept
+                y = torch.where(kept, y, 0)
+            part, g = _loss_and_grad(F.linear(x, w, b), y, vocab, valid, dtype, softcap)
+            total = total + part if traced else total.add_(part)
+            if g_rows is None:
+                parts.append(g)
+            else:
+                g_rows[j:j + chunk] = g
+                del g
+        if g_rows is None:
+            g_rows = parts[0] if len(parts) == 1 else torch.cat(parts)
+        del parts
+        if traced and h.requires_grad:
+            grads_h.append(g_rows @ w)
+        elif grad_h is not None:
+            grad_h[i:i + span] = g_rows @ w
+        if grad_w is not None:
+            (_accumulate_in_graph if traced else _accumulate)(grad_w, g_rows.t(), rows)
+        if grad_b is not None:
+            group_b = g_rows.sum(0, dtype=torch.float32)
+            grad_b = grad_b + group_b if traced else grad_b.add_(group_b)
+    if grads_h:
+        grad_h = torch.cat(grads_h)
+    return total, grad_h, grad_w, grad_b
 
 
 def _loss_and_grad_eager(logits: torch.Tensor, y: torch.Tensor, vocab: int, valid: torch.Tensor | None,
@@ -242,16 +254,42 @@ def _loss_only(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     logits and their log-sum-exp alone. The fused function computes the gradients whatever the grad mode (autograd
     runs its forward without it): a train job evaluating beside its CUDA graphs' pools would hold the logits' and
     the head's gradient buffers on top of them, a peak above its step's own (benchmarks/results/training-jobs.md)."""
+    per_token = head_nll(h, weight, bias, labels.clamp(min=0), chunk, dtype, softcap)
+    return (per_token * (labels != IGNORE) if masked else per_token).sum()
+
+
+def token_nll_pure(logits: torch.Tensor, y: torch.Tensor, vocab: int, softcap: float | None = None) -> torch.Tensor:
+    """Each token's cross-entropy in fp32 and nothing else (no gradient wanted): one reduction over the 16-bit
+    logits, the padded head's columns left out."""
+    z = _capped(logits.float(), softcap)
+    if z.shape[1] > vocab:
+        z = z.masked_fill(torch.arange(z.shape[1], device=z.device) >= vocab, -torch.inf)
+    return torch.logsumexp(z, dim=-1) - z.gather(1, y[:, None]).squeeze(1)
+
+
+@functools.cache
+def _nll_compiled() -> Callable:
+    return torch.compile(token_nll_pure)
+
+
+def token_nll(logits: torch.Tensor, y: torch.Tensor, vocab: int, softcap: float | None = None) -> torch.Tensor:
+    """token_nll_pure, compiled on a GPU (eagerly: a cast to fp32 and a pass over it per step of log-sum-exp)."""
+    if logits.is_cuda and not torch.compiler.is_compiling():
+        torch._dynamo.maybe_mark_dynamic(logits, 0)  # chunks' row counts vary: one graph for all of them
+        return _nll_compiled()(logits, y, vocab, softcap)
+    return token_nll_pure(logits, y, vocab, softcap)
+
+
+def head_nll(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, chunk: int,
+             dtype: torch.dtype, softcap: float | None = None) -> torch.Tensor:
+    """Each row of `h`'s cross-entropy of its label under the head, in fp32, without gradients: chunk by chunk, the
+    head cast to `dtype` once (autocast would cast it again for every chunk)."""
     vocab = weight.shape[0]
-    w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
-    total = torch.zeros((), device=h.device, dtype=torch.float32)
-    with torch.autocast(h.device.type, enabled=False):  # dtypes chosen as the fused function chooses them
-        for i in range(0, h.shape[0], chunk):
-            y = labels[i:i + chunk]
-            z = _capped(F.linear(h[i:i + chunk].to(dtype), w, b)[:, :vocab].float(), softcap)
-            per_token = torch.logsumexp(z, dim=-1) - z.gather(1, y.clamp(min=0)[:, None]).squeeze(1)
-            total += (per_token * (y != IGNORE) if masked else per_token).sum()
-    return total
+    with torch.no_grad(), torch.autocast(h.device.type, enabled=False):
+        w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
+        parts = [token_nll(F.linear(h[i:i + chunk].to(dtype), w, b), labels[i:i + chunk], vocab, softcap)
+                 for i in range(0, h.shape[0], chunk)]
+    return torch.cat(parts) if parts else h.new_zeros(0, dtype=torch.float32)
 
 
 def _capped(z: torch.Tensor, softcap: float | None) -> torch.Tensor:

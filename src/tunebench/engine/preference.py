@@ -40,7 +40,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tunebench.engine.loss import IGNORE, _capped, _compute_dtype, _padded, chunk_tokens, is_fusable, token_ce_pure
+from tunebench.engine.loss import (
+    IGNORE,
+    _capped,
+    _compute_dtype,
+    _padded,
+    chunk_tokens,
+    head_nll,
+    head_pass,
+    is_fusable,
+    token_ce_pure,
+)
 from tunebench.engine.model import aux_loss, hidden_states, unwrap
 
 OBJECTIVES = ("sft", "dpo", "simpo", "orpo")
@@ -128,6 +138,41 @@ class _FrozenHeadLogps(torch.autograd.Function):
         return (grad_h.float() * -grad_out[:, None]).to(ctx.h_dtype), None, None, None, None, None, None
 
 
+class _TrainedHeadLogps(torch.autograd.Function):
+    """log p(y_t | h_t) for each token under a head that trains (full fine-tuning). Forward: the log-probabilities
+    alone. Backward: with each token's weight known (the loss's d/d log p), the fused loss's pass over the head
+    (engine.loss) makes d/dh and the head's gradient from the logits computed once more, as activation checkpointing
+    of the chunks would, but with the softmax compiled and the head's gradient in one fp32 accumulator."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype, softcap: float | None):
+        ctx.save_for_backward(h, weight, bias, labels)
+        ctx.settings = (chunk, dtype, softcap)
+        return -head_nll(h, weight, bias, labels, chunk, dtype, softcap)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, weight, bias, labels = ctx.saved_tensors
+        chunk, dtype, softcap = ctx.settings
+        vocab = weight.shape[0]
+        with torch.autocast(h.device.type, enabled=False):
+            _, gh, gw, gb = head_pass(h, weight, bias, labels, chunk, dtype, softcap=softcap,
+                                      weights=-grad_out.float())
+        return (None if gh is None else gh.to(h.dtype), _own(gw, vocab, weight.dtype), _own(gb, vocab, bias.dtype)
+                if gb is not None else None, None, None, None, None)
+
+
+def _own(grad: torch.Tensor | None, rows: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """A gradient's first `rows` rows in `dtype`, in storage of its own: autograd adds a tied weight's second gradient
+    (the embedding's) into the first in place only where nothing else shares the first's storage (a view of the
+    padded buffer does), and otherwise allocates the sum beside both."""
+    if grad is None:
+        return None
+    if grad.shape[0] != rows:
+        grad = grad[:rows].clone() if grad.dtype == dtype else grad[:rows]
+    return grad.to(dtype)
+
+
 def _chunk_logps(head: nn.Module, h: torch.Tensor, y: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return -F.cross_entropy(_capped(head(h).float(), softcap), y, reduction="none")
 
@@ -136,12 +181,15 @@ def token_logps(h: torch.Tensor, head: nn.Module, y: torch.Tensor, vocab_size: i
                 softcap: float | None = None) -> torch.Tensor:
     """Each row of `h` (tokens x hidden)'s log-probability of its label `y` under `head`, in fp32."""
     n = chunk_tokens(vocab_size)
-    trained_head = any(p.requires_grad for p in head.parameters())
+    if fuse and is_fusable(head):
+        if not torch.is_grad_enabled() or not h.requires_grad and not head.weight.requires_grad:
+            return -head_nll(h, head.weight, head.bias, y, n, _compute_dtype(h), softcap)
+        if any(p.requires_grad for p in head.parameters()):
+            return _TrainedHeadLogps.apply(h, head.weight, head.bias, y, n, _compute_dtype(h), softcap)
+        return _FrozenHeadLogps.apply(h, head.weight, head.bias, y, n, _compute_dtype(h), softcap)
     if not torch.is_grad_enabled():
         return torch.cat([_chunk_logps(head, h[i:i + n], y[i:i + n], softcap) for i in range(0, h.shape[0], n)]) \
             if h.shape[0] else h.new_zeros(0, dtype=torch.float32)
-    if fuse and is_fusable(head) and not trained_head and h.requires_grad:
-        return _FrozenHeadLogps.apply(h, head.weight, head.bias, y, n, _compute_dtype(h), softcap)
     parts = [checkpoint(_chunk_logps, head, h[i:i + n], y[i:i + n], softcap, use_reentrant=False)
              for i in range(0, h.shape[0], n)]
     return torch.cat(parts) if parts else h.new_zeros(0, dtype=torch.float32)

@@ -77,10 +77,10 @@ class MemoryPlan:
 
 def _weights(w: Workload) -> list[Item]:
     items = _own_weights(w)
-    if w.frozen_reference:  # copied as built (before a strategy casts), sharded as the policy is under FSDP2
+    if w.frozen_reference:  # copied as built (cast as DeepSpeed casts the policy), sharded as it is under FSDP2
         shards = w.weights_sharded if w.collectives == "fsdp" else 1
-        items.append(Item("reference model", w.param_bytes * w.counts.total / shards,
-                          "DPO's frozen copy" + (f", 1/{shards} shard" if shards > 1 else "")))
+        copy = (w.compute_bytes if w.deepspeed else w.param_bytes) * w.counts.total / shards
+        items.append(Item("reference model", copy, "DPO's frozen copy" + (f", 1/{shards} shard" if shards > 1 else "")))
     return items
 
 
