@@ -126,6 +126,8 @@ planner-zero2-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-dpo-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
+planner-dpo-zero2-2gpu)  # held out as planner-oos-4gpu
+  tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-first-block)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-first-block-2)  # held out as planner-oos-4gpu
