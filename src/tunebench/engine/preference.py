@@ -8,7 +8,8 @@ lays them out so); an example's tokens are found by its position ids, which rest
 An answer's log-probability is the sum of its tokens' log-softmax at the label. Only the answers' tokens go through
 the head, chunk by chunk (no (tokens x vocab) logits at once). With the head frozen (LoRA, QLoRA) each chunk's
 d logp / d h is computed in forward and only scaled in backward by its pair's weight, as engine.loss does for SFT:
-no logits are kept or computed twice. A trained head (full fine-tuning) recomputes its chunks' logits in backward.
+no logits are kept or computed twice. A trained head (full fine-tuning) computes the log-probabilities alone in
+forward and, its tokens' weights known in backward, the fused loss's pass there (engine.loss.head_pass).
 
 DPO's reference, in the order tried: log-probabilities precomputed before training and carried by the batch; the
 model with its adapters disabled (LoRA, QLoRA: one model in memory); a frozen copy (full fine-tuning). It runs
