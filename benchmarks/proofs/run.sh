@@ -128,6 +128,8 @@ planner-dpo-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-dpo-zero2-2gpu)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
+planner-dpo-families)  # held out as planner-oos-4gpu
+  tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-first-block)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-first-block-2)  # held out as planner-oos-4gpu
