@@ -56,8 +56,8 @@ ZERO2_CHECK_DROPPED_SINCE = "2026-11-28T06:30"
 # FSDP2 under bf16-pure reduce-scattered fp32 gradients before then; since, bf16 ones (strategies.fsdp)
 FSDP_PURE_REDUCE_BF16_SINCE = "2026-11-28T09:45"
 # a full fine-tune's head under a preference objective ran as checkpointed chunks with an eager fp32 softmax before
-# then (14% slower a step, Llama-3.2-1B DPO on one H200); since, log-probabilities alone in forward and the fused
-# loss's pass in backward (engine.preference)
+# then (slower: benchmarks/results/preference.md); since, log-probabilities alone in forward and the fused loss's
+# pass in backward (engine.preference)
 PREFERENCE_HEAD_FUSED_SINCE = "2026-11-28T13:05"
 WHOLE_GRAPH_FP32_CHUNKS = 4
 # train jobs' evaluations computed the loss's gradients (7.79 GiB against 6.15 for GPT-2 small) before the first,

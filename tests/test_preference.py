@@ -432,8 +432,8 @@ def test_the_planner_counts_both_rows_the_reference_and_its_copy():
                                                       ("ddp", "bf16", torch.float32), ("zero2", "fp32", torch.float32)])
 def test_the_frozen_reference_computes_in_the_dtype_the_policy_does(strategy, precision, dtype):
     """DeepSpeed casts the policy to bf16 and runs it without autocast: DPO's frozen copy is cast alike (left in
-    fp32, its forward ran in fp32: Llama-3.2-1B full DPO under ZeRO-2 on two H200s at a third of its planned speed),
-    and the planner counts it so. Under autocast the copy stays as built, as the policy's weights do."""
+    fp32, its forward ran in fp32, far below its planned speed: benchmarks/results/preference.md), and the planner
+    counts it so. Under autocast the copy stays as built, as the policy's weights do."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tunebench.config import RunConfig
