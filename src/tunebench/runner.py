@@ -51,7 +51,7 @@ from tunebench.metrics.flops import FlopsPerToken, flops_per_token, peak_flops
 from tunebench.metrics.memory import peak_memory, release, reset_peak
 from tunebench.metrics.telemetry import Telemetry
 from tunebench.models import build_model
-from tunebench.models.build import build_meta, build_partitioned
+from tunebench.models.build import build_meta, build_partitioned, compute_dtype
 from tunebench.models.count import counts
 from tunebench.models.experts4bit import mark_recomputed
 from tunebench.models.float8_frozen import to_float8_frozen
@@ -207,7 +207,7 @@ def reference_model(frozen, cfg: RunConfig, strategy: Strategy, device: torch.de
     model.eval().requires_grad_(False)
     if strategy.deepspeed and cfg.precision in ("bf16", "fp16"):
         # DeepSpeed casts the policy and runs it without autocast: the copy cast alike, or its forward runs in fp32
-        model.to(torch.bfloat16 if cfg.precision == "bf16" else torch.float16)
+        model.to(compute_dtype(cfg))
     blocks = transformer_blocks(model, num_layers)
     if cfg.mlp_chunk:  # its forward without gradients, a chunk at a time: no MLP-wide tensor of every token
         chunk_mlps(blocks, cfg.mlp_chunk)

@@ -84,7 +84,7 @@ def head_pass(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
     hc = h.to(dtype)
     # Traced (a whole model's graph), no buffer is filled in place by its slices: torch 2.11's dynamo saved for
-    # backward what a tensor held before such writes (all-zero gradients: tests/test_loss.py, run on an H200).
+    # backward what a tensor held before such writes (all-zero gradients; tests/test_loss.py holds it to eager's).
     # The head's gradient is the exception: one opaque op writes it in place (_accumulate_in_graph).
     traced = torch.compiler.is_compiling()
     grad_h = torch.empty_like(hc) if h.requires_grad and not traced else None
