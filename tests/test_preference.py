@@ -451,3 +451,21 @@ def test_the_frozen_reference_computes_in_the_dtype_the_policy_does(strategy, pr
     plan = predict(cfg.model_copy(update={"device": "auto"}), gpu_named("H100-80GB"), cfg.nproc_per_node)
     copy = sum(i.bytes for i in plan.mem.items if i.name == "reference model")
     assert copy == dtype.itemsize * plan.workload.counts.total
+
+
+def test_compiled_dpo_starts_at_log_2_where_the_reference_is_the_policy(tmp_path):
+    """At step 1 LoRA's B is 0, so the policy is its reference and DPO's loss is log 2. Compiled, the two run
+    different graphs (the policy's checkpoint traced inside each block, the reference without gradients or
+    adapters); inductor's fusions rounded their bf16 intermediates apart, and on Gemma-2's shape (scaled
+    embeddings, soft caps) the first loss moved from log 2 (engine.step.reference_numerics)."""
+    from transformers import Gemma2Config
+
+    from tunebench import RunConfig, run
+
+    Gemma2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=128, sliding_window=32,
+                 query_pre_attn_scalar=32).save_pretrained(tmp_path)
+    record = run(RunConfig(model=str(tmp_path), method="lora", objective="dpo", batch_size=2, seq_len=64, steps=1,
+                           warmup=0, compile=True, grad_ckpt=True, precision="bf16", device="cpu"))
+    assert record.status == "ok", record.error
+    assert record.metrics.losses[0] == pytest.approx(np.log(2), abs=1e-4)

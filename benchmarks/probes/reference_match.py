@@ -3,7 +3,7 @@ how far apart their answers' log-probabilities come out, per answer and per toke
 adapters disabled, compiled or not; the policy's forward with the adapters on). A gap is the first loss's distance
 from log 2.
 
-    python benchmarks/probes/reference_match.py [--model llama-3.2-1b] [--method lora] [--compile on,off]
+    python benchmarks/probes/reference_match.py [--model llama-3.2-1b] [--method lora] [--attn sdpa|eager]
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from tunebench.run_preflight import preflight
 from tunebench.runner import Outcome, build_trainable
 
 
-def gap(model: str, method: str, compiled: bool, ckpt: bool, traced: bool) -> dict:
+def gap(model: str, method: str, compiled: bool, ckpt: bool, traced: bool, attn: str = "sdpa") -> dict:
     cfg = RunConfig(model=model, method=method, objective="dpo", batch_size=4, seq_len=1024, grad_ckpt=ckpt,
-                    ckpt_traced=traced if ckpt else True, compile=compiled, precision="bf16")
+                    ckpt_traced=traced if ckpt else True, compile=compiled, precision="bf16", attn=attn)
     plan = preflight(cfg)
     t = build_trainable(plan, Outcome(), DistContext())
     inner = t.module
@@ -46,9 +46,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-3.2-1b")
     p.add_argument("--method", default="lora")
+    p.add_argument("--attn", default="sdpa", help="eager: a soft-capped model without FlexAttention")
     a = p.parse_args()
     for compiled, ckpt, traced in ((False, False, True), (True, False, True), (True, True, True), (True, True, False)):
-        r = gap(a.model, a.method, compiled, ckpt, traced)
+        r = gap(a.model, a.method, compiled, ckpt, traced, a.attn)
         print(f"compile {compiled!s:5} ckpt {ckpt!s:5} traced {traced!s:5}: |policy - reference| per answer max "
               f"{r['per_answer_max']:.4f}, per token {r['per_token_mean']:.6f}; first loss {r['first_loss']:.4f} "
               f"(log 2 = 0.6931)", flush=True)

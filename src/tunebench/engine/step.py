@@ -91,9 +91,30 @@ def matmul_precision(cfg: RunConfig) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def reference_numerics(cfg: RunConfig) -> Iterator[None]:
+    """Compiled DPO: every 16-bit intermediate rounded where eager rounds it, so that the reference and the policy
+    agree where they are the same function (at the start, LoRA's B = 0).
+
+    Inductor keeps a fused kernel's intermediates in fp32 by default, and the two run different graphs (the
+    reference without gradients and without the adapters, the policy with them, its checkpoint traced inside the
+    block): their fusions differ, so their roundings did, and DPO reads the difference of their log-probabilities
+    summed over whole answers. Models with large activations (Gemma-2's scaled embeddings and soft caps) made that
+    difference nats, not a rounding: a first loss far from log 2. With eager's casts emulated both graphs round
+    alike; the casts are elementwise and fused."""
+    if cfg.objective != "dpo" or not cfg.compile:
+        yield
+        return
+    import torch._inductor.config as inductor  # here: importing inductor is slow
+
+    with inductor.patch(emulate_precision_casts=True):
+        yield
+
+
+@contextlib.contextmanager
 def kernel_settings(cfg: RunConfig, device: torch.device) -> Iterator[None]:
-    """What the benchmark measured its kernels under, around the whole loop: SDPA's order and fp32's matmuls."""
-    with attention_kernels(cfg, device), matmul_precision(cfg):
+    """What the benchmark measured its kernels under, around the whole loop: SDPA's order, fp32's matmuls and, for
+    DPO, 16-bit rounding as eager's. Kernels compile on first use, inside it."""
+    with attention_kernels(cfg, device), matmul_precision(cfg), reference_numerics(cfg):
         yield
 
 
