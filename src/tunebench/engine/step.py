@@ -98,9 +98,9 @@ def reference_numerics(cfg: RunConfig) -> Iterator[None]:
     Inductor keeps a fused kernel's intermediates in fp32 by default, and the two run different graphs (the
     reference without gradients and without the adapters, the policy with them, its checkpoint traced inside the
     block): their fusions differ, so their roundings did, and DPO reads the difference of their log-probabilities
-    summed over whole answers. Models with large activations (Gemma-2's scaled embeddings and soft caps) made that
-    difference nats, not a rounding: a first loss far from log 2. With eager's casts emulated both graphs round
-    alike; the casts are elementwise and fused."""
+    summed over whole answers. On Gemma-2's shape that difference came to nats: a first loss far from log 2. With
+    eager's casts emulated both graphs round alike (the casts are elementwise and fused); what remains is where
+    their kernels sum in different orders (benchmarks/results/preference.md)."""
     if cfg.objective != "dpo" or not cfg.compile:
         yield
         return
