@@ -19,6 +19,7 @@ from tunebench.config import RunConfig
 from tunebench.dist import SINGLE, DistContext
 from tunebench.engine.data import Batch
 from tunebench.engine.offload import activation_offload
+from tunebench.engine.preference import WITH_REFERENCE
 from tunebench.errors import UserError
 
 MicroFn = Callable[[Batch, bool], torch.Tensor]
@@ -101,7 +102,7 @@ def reference_numerics(cfg: RunConfig) -> Iterator[None]:
     summed over whole answers. On Gemma-2's shape that difference came to nats: a first loss far from log 2. With
     eager's casts emulated both graphs round alike (the casts are elementwise and fused); what remains is where
     their kernels sum in different orders (benchmarks/results/preference.md)."""
-    if cfg.objective != "dpo" or not cfg.compile:
+    if cfg.objective not in WITH_REFERENCE or cfg.compile is not True:  # a resolved config: compile is a bool
         yield
         return
     import torch._inductor.config as inductor  # here: importing inductor is slow
