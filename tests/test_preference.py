@@ -136,7 +136,7 @@ def test_a_trained_heads_log_probabilities_and_gradients_are_autograds(softcap):
     """Full fine-tuning's head: each token's log-probability, and the gradients of a weighted sum of them for the
     hidden states, the weight and the bias, equal autograd's through the plain head. Chunks of 7 tokens (grouped for
     the head's gradient), 100 rows (padded in the pass); without gradients the same values."""
-    from tunebench.engine.preference import _TrainedHeadLogps, token_logps
+    from tunebench.engine.answer_logps import _TrainedHeadLogps, token_logps
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 100)
@@ -453,19 +453,57 @@ def test_the_frozen_reference_computes_in_the_dtype_the_policy_does(strategy, pr
     assert copy == dtype.itemsize * plan.workload.counts.total
 
 
-def test_compiled_dpo_starts_at_log_2_where_the_reference_is_the_policy(tmp_path):
-    """At step 1 LoRA's B is 0, so the policy is its reference and DPO's loss is log 2. Compiled, the two run
-    different graphs (the policy's checkpoint traced inside each block, the reference without gradients or
-    adapters); inductor's fusions rounded their bf16 intermediates apart, and on Gemma-2's shape (scaled
-    embeddings, soft caps) the first loss moved from log 2 (engine.step.reference_numerics)."""
+def test_compiled_reference_is_the_policys_own_graph_with_its_adapters_scaled_by_zero(tmp_path):
+    """Compiled LoRA DPO: the reference runs the policy's graph (methods.adapter_gate), not one of its own without
+    gradients or adapters, whose fusions rounded apart from the policy's and, on Gemma-2's shape (scaled embeddings,
+    soft caps), moved the first loss from log 2. At the start (B = 0) the policy is its reference bit for bit and the
+    loss is log 2; with B trained the reference does not move; it keeps no gradient."""
+    from torch._dynamo.utils import counters
     from transformers import Gemma2Config
 
-    from tunebench import RunConfig, run
+    from tunebench.config import RunConfig
+    from tunebench.dist import DistContext
+    from tunebench.engine.data import SyntheticPairs
+    from tunebench.engine.model import unwrap
+    from tunebench.engine.step import autocast, kernel_settings
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import Outcome, build_trainable
 
     Gemma2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=128, sliding_window=32,
                  query_pre_attn_scalar=32).save_pretrained(tmp_path)
-    record = run(RunConfig(model=str(tmp_path), method="lora", objective="dpo", batch_size=2, seq_len=64, steps=1,
-                           warmup=0, compile=True, grad_ckpt=True, precision="bf16", device="cpu"))
-    assert record.status == "ok", record.error
-    assert record.metrics.losses[0] == pytest.approx(np.log(2), abs=1e-4)
+    cfg = RunConfig(model=str(tmp_path), method="lora", objective="dpo", batch_size=2, seq_len=64, compile=True,
+                    grad_ckpt=True, precision="bf16", device="cpu")
+    plan = preflight(cfg)
+    t = build_trainable(plan, Outcome(), DistContext())
+    lm, batch = t.module, SyntheticPairs(plan.spec.vocab_size, 2, 64, plan.device, 0).next()[:4]
+    counters.clear()
+    with kernel_settings(plan.cfg, plan.device), autocast(plan.cfg, plan.device):
+        reference = lm.reference_logps(*batch)
+        graphs = counters["stats"]["unique_graphs"]
+        policy = lm._logps(unwrap(lm.model), *batch)[0].sums
+        assert counters["stats"]["unique_graphs"] == graphs > 0  # the policy's pass compiled nothing new
+        assert torch.equal(policy.detach(), reference) and not reference.requires_grad
+        assert float(lm(*batch).detach()) == pytest.approx(np.log(2), abs=1e-7)
+        with torch.no_grad():
+            for name, param in lm.model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0, 0.05)
+        assert torch.equal(lm.reference_logps(*batch), reference)
+        assert not torch.equal(lm._logps(unwrap(lm.model), *batch)[0].sums.detach(), reference)
+
+
+def test_answer_sums_are_index_adds_in_one_order_with_empty_slots_and_gradients():
+    """Each answer's sum as index_add computes it (whose atomic adds on a GPU sum in any order), from differences of
+    an fp64 running sum: values and gradients, answers of no tokens included (a packed row's unused slots)."""
+    from tunebench.engine.answer_logps import _answer_sums
+
+    g = torch.Generator().manual_seed(0)
+    slot = torch.tensor([0, 0, 0, 2, 2, 3, 5, 5, 5, 5])
+    values = (-20 * torch.rand(10, generator=g, dtype=torch.float64)).float().requires_grad_()
+    sums, counts = _answer_sums(values, slot, 7)
+    want = torch.zeros(7).index_add(0, slot, values)
+    assert torch.allclose(sums, want, atol=1e-5) and counts.tolist() == [3, 0, 2, 1, 0, 4, 0]
+    weights = torch.randn(7, generator=g)
+    (grad,) = torch.autograd.grad((sums * weights).sum(), values)
+    assert torch.equal(grad, weights[slot])

@@ -1,7 +1,8 @@
 """DPO's reference against the policy at the start (LoRA's B = 0: the same function), on one batch of synthetic pairs:
 how far apart their answers' log-probabilities come out, per answer and per token, the way each is computed (the
-adapters disabled, compiled or not; the policy's forward with the adapters on). A gap is the first loss's distance
-from log 2.
+adapters disabled or, compiled, scaled by zero; the policy's forward with the adapters on). A gap is the first loss's
+distance from log 2. The policy run twice on the same batch gives the floor: what the GPU's kernels differ by from one
+run to the next.
 
     python benchmarks/probes/reference_match.py [--model llama-3.2-1b] [--method lora] [--attn sdpa|eager]
 """
@@ -33,10 +34,12 @@ def gap(model: str, method: str, compiled: bool, ckpt: bool, traced: bool, attn:
         for _ in range(2):  # the second pass: compiled graphs warm
             ref = inner.reference_logps(*b[:4])
             policy, _ = inner._logps(unwrap(inner.model), *b[:4])  # with gradients, as the step's
+        again = inner._logps(unwrap(inner.model), *b[:4])[0].sums.detach()  # the floor: the GPU's own run-to-run
         counts = policy.counts.clamp(min=1)
         diff = (policy.sums.detach() - ref).abs()
         out = {"per_answer_max": float(diff.max()), "per_token_mean": float((diff / counts).mean()),
-               "first_loss": float(inner(*b[:4]).detach())}
+               "first_loss": float(inner(*b[:4]).detach()),
+               "policy_again_max": float((policy.sums.detach() - again).abs().max())}
     del t
     torch.cuda.empty_cache()
     return out
@@ -52,7 +55,7 @@ def main() -> None:
         r = gap(a.model, a.method, compiled, ckpt, traced, a.attn)
         print(f"compile {compiled!s:5} ckpt {ckpt!s:5} traced {traced!s:5}: |policy - reference| per answer max "
               f"{r['per_answer_max']:.4f}, per token {r['per_token_mean']:.6f}; first loss {r['first_loss']:.4f} "
-              f"(log 2 = 0.6931)", flush=True)
+              f"(log 2 = 0.6931); |policy - policy run again| max {r['policy_again_max']:.4f}", flush=True)
 
 
 if __name__ == "__main__":

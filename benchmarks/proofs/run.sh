@@ -5,6 +5,8 @@
 # (records exported to $OUT/TOPIC.jsonl), then its comparisons (benchmarks/compare/: each side its own process, the
 # ratio printed). Wheels carried in .whl/ are installed first (.whl/unsloth-site.tgz: Unsloth's packages). Knobs:
 #   ONLY=sweep|compare  one half only;  OUT  outputs and the results store (/tmp/tunebench-out)
+#   dpo-head: BEFORE (a tarball of an earlier src/), CONFIGS, PROFILE=0 (the A/B without the profile)
+#   dpo-reference-graph: JOBS=0 (the probe without the whole jobs)
 #   SEQ, BATCH, STEPS, WARMUP  laid over every configuration of the sweep (--set) and the comparisons; NPROC: the
 #   comparisons' GPUs (each suite names its own)
 #   families: MODELS (qwen3-8b), METHODS (lora qlora), TARGETS (all-linear), CHECKS (family_checks.py's; none),
@@ -173,9 +175,29 @@ print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)), round((m.get(
     done
   done | tee "$OUT/$topic.txt" | awk '{print} $3=="before"{b=$5} $3=="after"&&b{printf "%s b%s x%.3f (after / before)\n", $1, $2, $5/b; b=0}'
   tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null
+  [ "${PROFILE:-1}" = 1 ] || exit 0  # PROFILE=0: the A/B alone
   PROFILE_TRACE=/tmp/dpo-full-trace.json python3 benchmarks/probes/profile_trace.py --model llama-3.2-1b --method full \
     --objective dpo --seq-len 1024 --batch-size 4 --grad-ckpt 2>/dev/null | tail -1 | tee "$OUT/$topic-profile.json"
   python3 benchmarks/probes/profile_trace.py --gaps /tmp/dpo-full-trace.json | tee "$OUT/$topic-gaps.txt" ;;
+dpo-reference-graph)  # compiled DPO's reference through the policy's own graph: the policy-to-reference gap at the
+  # start (reference_match.py) on Gemma-2-9B's shape cut to 4 blocks and on Llama-3.2-1B; then the first losses of
+  # whole jobs, checkpointed (Gemma-2-9B LoRA b2, Qwen3-8B QLoRA b4, s1024), each planned first
+  python3 -c 'import sys; sys.path.insert(0, "benchmarks/probes"); from pathlib import Path; import long_context
+print(long_context.write_model("gemma-2-9b", 4, None, Path("/tmp/models")))' > /tmp/gemma-folder || exit 1
+  for model in "$(cat /tmp/gemma-folder)" llama-3.2-1b; do
+    echo "$model"; python3 benchmarks/probes/reference_match.py --model "$model" 2>/dev/null
+  done | tee "$OUT/$topic-match.txt"
+  [ "${JOBS:-1}" = 1 ] || exit 0  # JOBS=0: the probe alone
+  for m in "gemma-2-9b lora 2" "qwen3-8b qlora 4"; do
+    set -- $m
+    args="--model $1 --method $2 --objective dpo --grad-ckpt $(shape 1024 "$3" 12 5)"
+    tb plan $args --json 2>/dev/null | python3 -c 'import json, sys
+p = json.load(sys.stdin); print("planned", round(p["tokens_per_s"]), round(p["peak_mem_allocated_bytes"] / 2**30, 2), "GiB")'
+    tb run $args --tag "$topic" --json 2>/dev/null | python3 -c 'import json, sys; r = json.load(sys.stdin); m = r["metrics"] or {}
+print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)), round((m.get("peak_mem_allocated_bytes") or 0) / 2**30, 2),
+      "GiB", [round(x, 4) for x in (m.get("losses") or [])[:4]], r["error"])' "$@"
+  done | tee "$OUT/$topic.txt"
+  tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null ;;
 fsdp-pure-reduce)  # Qwen3-30B-A3B full FSDP2 bf16-pure on NPROC GPUs (4), s4096 checkpointed: fp32 reduce-scatter
   # (as before 2026-11-28, from a copy of src/) against bf16 (src/ as it is) at batch 4, each its own process; then
   # bf16 at BATCHES (8 16); each planned first (the plan's line printed), records in $OUT/$topic.jsonl. LAYERS: its

@@ -44,6 +44,7 @@ from tunebench.engine.step import TrainStep, kernel_settings, optimizer_step_fn
 from tunebench.environment import environment
 from tunebench.errors import invalid
 from tunebench.methods import apply_method
+from tunebench.methods.adapter_gate import AdapterGate
 from tunebench.methods.lora_siblings import group_siblings
 from tunebench.metrics.aggregate import combine_ranks, rank_figures
 from tunebench.metrics.compile import compile_seconds
@@ -172,7 +173,10 @@ def _with_loss(plan: Plan, model: nn.Module, out: Outcome, ctx: DistContext, mas
                                     out.compile_scope)
     if cfg.objective == "dpo" and not cfg.precompute_reference:
         out.flops = out.flops.with_reference_forward()
-    return PreferenceLM(model, spec.vocab_size, Preference.of(cfg), strategy.fused_head, per_row, reference)
+    # compiled blocks: the reference through the policy's own graph, its adapters scaled by zero (not another graph)
+    adapted = cfg.method != "full"
+    gate = AdapterGate(model) if adapted and Preference.of(cfg).reference and out.compile_scope == "blocks" else None
+    return PreferenceLM(model, spec.vocab_size, Preference.of(cfg), strategy.fused_head, per_row, reference, gate)
 
 
 def needs_frozen_reference(cfg: RunConfig) -> bool:

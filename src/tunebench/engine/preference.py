@@ -5,15 +5,13 @@ as the reference implementations concatenate them). Labels are the answers' toke
 rows hold several pairs: the k-th example of a chosen row and the k-th of its rejected row are one pair (data.rows
 lays them out so); an example's tokens are found by its position ids, which restart at 0.
 
-An answer's log-probability is the sum of its tokens' log-softmax at the label. Only the answers' tokens go through
-the head, chunk by chunk (no (tokens x vocab) logits at once). With the head frozen (LoRA, QLoRA) each chunk's
-d logp / d h is computed in forward and only scaled in backward by its pair's weight, as engine.loss does for SFT:
-no logits are kept or computed twice. A trained head (full fine-tuning) computes the log-probabilities alone in
-forward and, its tokens' weights known in backward, the fused loss's pass there (engine.loss.head_pass).
+An answer's log-probability is the sum of its tokens' log-softmax at the label (engine.answer_logps).
 
 DPO's reference, in the order tried: log-probabilities precomputed before training and carried by the batch; the
 model with its adapters disabled (LoRA, QLoRA: one model in memory); a frozen copy (full fine-tuning). It runs
-first and without gradients, so its activations are gone before the policy's exist.
+first and keeps no activations, so they are gone before the policy's exist. Where the blocks are compiled, the adapters
+are not disabled but scaled by zero (methods.adapter_gate), in the caller's grad mode with nothing saved: the
+reference is then the policy's own compiled graph, rounding as it does.
 
 The losses are those of the reference implementations (TRL's DPOTrainer, CPOTrainer with loss_type simpo,
 ORPOTrainer; tests/test_preference.py compares losses, rewards and gradients): with c, r the chosen and rejected
@@ -31,7 +29,6 @@ here trains on the answers alone (TRL's ORPOTrainer also counts the prompt's).
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -39,20 +36,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from tunebench.engine.loss import (
-    IGNORE,
-    _capped,
-    _compute_dtype,
-    _padded,
-    chunk_tokens,
-    head_nll,
-    head_pass,
-    is_fusable,
-    token_ce_pure,
-)
+from tunebench.engine.answer_logps import AnswerLogps, answer_logps
 from tunebench.engine.model import aux_loss, hidden_states, unwrap
+from tunebench.methods.adapter_gate import AdapterGate
 
 OBJECTIVES = ("sft", "dpo", "simpo", "orpo")
 WITH_REFERENCE = ("dpo",)
@@ -79,13 +66,6 @@ class Preference:
 
 
 
-class AnswerLogps(NamedTuple):
-    """Every answer's summed token log-probabilities and its token count: (2B, K) each, chosen rows first."""
-
-    sums: torch.Tensor
-    counts: torch.Tensor
-
-
 class PairStats(NamedTuple):
     """One micro-batch's pairs: their losses, rewards and which of the (B, K) slots hold a pair."""
 
@@ -96,123 +76,6 @@ class PairStats(NamedTuple):
     loss: torch.Tensor  # the micro-batch's loss (the mean over its pairs, ORPO's NLL added)
     nll_sum: torch.Tensor  # orpo: the chosen answers' summed negative log-likelihood (0 otherwise)
     nll_tokens: torch.Tensor  # and their tokens
-
-
-# --- the answers' log-probabilities -------------------------------------------------------------------------------
-
-
-@functools.cache
-def _token_ce_compiled() -> Callable:
-    return torch.compile(token_ce_pure)
-
-
-def _token_ce(logits: torch.Tensor, y: torch.Tensor, vocab: int, dtype: torch.dtype,
-              softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    if logits.is_cuda:
-        torch._dynamo.maybe_mark_dynamic(logits, 0)  # chunks' row counts vary: one graph for all of them
-        return _token_ce_compiled()(logits, y, vocab, dtype, softcap)
-    return token_ce_pure(logits, y, vocab, dtype, softcap)
-
-
-class _FrozenHeadLogps(torch.autograd.Function):
-    """log p(y_t | h_t) for each token under a frozen head; d/dh computed chunk by chunk in forward."""
-
-    @staticmethod
-    def forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype, softcap: float | None):
-        with torch.autocast(h.device.type, enabled=False):
-            w, b = _padded(weight.to(dtype)), None if bias is None else _padded(bias.to(dtype))
-            hc = h.to(dtype)
-            out = torch.empty(hc.shape[0], device=h.device, dtype=torch.float32)
-            grad_h = torch.empty_like(hc)
-            for i in range(0, hc.shape[0], chunk):
-                ce, g = _token_ce(F.linear(hc[i:i + chunk], w, b), labels[i:i + chunk], weight.shape[0], dtype,
-                                  softcap)
-                out[i:i + chunk] = -ce
-                grad_h[i:i + chunk] = g @ w  # d ce / d h; d logp / d h is its negative
-        ctx.save_for_backward(grad_h)
-        ctx.h_dtype = h.dtype
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (grad_h,) = ctx.saved_tensors
-        return (grad_h.float() * -grad_out[:, None]).to(ctx.h_dtype), None, None, None, None, None, None
-
-
-class _TrainedHeadLogps(torch.autograd.Function):
-    """log p(y_t | h_t) for each token under a head that trains (full fine-tuning). Forward: the log-probabilities
-    alone. Backward: with each token's weight known (the loss's d/d log p), the fused loss's pass over the head
-    (engine.loss) makes d/dh and the head's gradient from the logits computed once more, as activation checkpointing
-    of the chunks would, but with the softmax compiled and the head's gradient in one fp32 accumulator."""
-
-    @staticmethod
-    def forward(ctx, h, weight, bias, labels, chunk: int, dtype: torch.dtype, softcap: float | None):
-        ctx.save_for_backward(h, weight, bias, labels)
-        ctx.settings = (chunk, dtype, softcap)
-        return -head_nll(h, weight, bias, labels, chunk, dtype, softcap)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        h, weight, bias, labels = ctx.saved_tensors
-        chunk, dtype, softcap = ctx.settings
-        vocab = weight.shape[0]
-        with torch.autocast(h.device.type, enabled=False):
-            _, gh, gw, gb = head_pass(h, weight, bias, labels, chunk, dtype, softcap=softcap,
-                                      weights=-grad_out.float())
-        return (None if gh is None else gh.to(h.dtype), _own(gw, vocab, weight.dtype), _own(gb, vocab, bias.dtype)
-                if gb is not None else None, None, None, None, None)
-
-
-def _own(grad: torch.Tensor | None, rows: int, dtype: torch.dtype) -> torch.Tensor | None:
-    """A gradient's first `rows` rows in `dtype`, in storage of its own: autograd adds a tied weight's second gradient
-    (the embedding's) into the first in place only where nothing else shares the first's storage (a view of the
-    padded buffer does), and otherwise allocates the sum beside both."""
-    if grad is None:
-        return None
-    if grad.shape[0] != rows:
-        grad = grad[:rows].clone() if grad.dtype == dtype else grad[:rows]
-    return grad.to(dtype)
-
-
-def _chunk_logps(head: nn.Module, h: torch.Tensor, y: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    return -F.cross_entropy(_capped(head(h).float(), softcap), y, reduction="none")
-
-
-def token_logps(h: torch.Tensor, head: nn.Module, y: torch.Tensor, vocab_size: int, fuse: bool = True,
-                softcap: float | None = None) -> torch.Tensor:
-    """Each row of `h` (tokens x hidden)'s log-probability of its label `y` under `head`, in fp32."""
-    n = chunk_tokens(vocab_size)
-    if fuse and is_fusable(head):
-        if not torch.is_grad_enabled() or not h.requires_grad and not head.weight.requires_grad:
-            return -head_nll(h, head.weight, head.bias, y, n, _compute_dtype(h), softcap)
-        if any(p.requires_grad for p in head.parameters()):
-            return _TrainedHeadLogps.apply(h, head.weight, head.bias, y, n, _compute_dtype(h), softcap)
-        return _FrozenHeadLogps.apply(h, head.weight, head.bias, y, n, _compute_dtype(h), softcap)
-    if not torch.is_grad_enabled():
-        return torch.cat([_chunk_logps(head, h[i:i + n], y[i:i + n], softcap) for i in range(0, h.shape[0], n)]) \
-            if h.shape[0] else h.new_zeros(0, dtype=torch.float32)
-    parts = [checkpoint(_chunk_logps, head, h[i:i + n], y[i:i + n], softcap, use_reentrant=False)
-             for i in range(0, h.shape[0], n)]
-    return torch.cat(parts) if parts else h.new_zeros(0, dtype=torch.float32)
-
-
-def answer_logps(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, positions: torch.Tensor | None,
-                 per_row: int, vocab_size: int, fuse: bool = True, softcap: float | None = None) -> AnswerLogps:
-    """Sum and count of each answer's token log-probabilities: (rows, per_row) each. Only the labelled tokens go
-    through the head (their count is read from the device: the one host sync of the step)."""
-    rows, seq = labels.shape
-    flat = labels.reshape(-1)
-    picked = (flat != IGNORE).nonzero().squeeze(1)
-    slot = picked // seq * per_row
-    if positions is not None and per_row > 1:
-        example = ((positions == 0).cumsum(1) - 1).clamp(min=0).reshape(-1)  # which example of its row
-        slot = slot + example[picked].clamp(max=per_row - 1)
-    h = hidden.reshape(-1, hidden.shape[-1])[picked]
-    logp = token_logps(h, head, flat[picked], vocab_size, fuse, softcap)
-    sums = torch.zeros(rows * per_row, device=hidden.device, dtype=torch.float32).index_add(0, slot, logp)
-    counts = torch.zeros(rows * per_row, device=hidden.device, dtype=torch.float32).index_add(
-        0, slot, torch.ones_like(logp, dtype=torch.float32))
-    return AnswerLogps(sums.view(rows, per_row), counts.view(rows, per_row))
 
 
 # --- the losses ---------------------------------------------------------------------------------------------------
@@ -276,6 +139,20 @@ def pair_stats(p: Preference, policy: AnswerLogps, reference: torch.Tensor | Non
 # --- the model ----------------------------------------------------------------------------------------------------
 
 
+def _dropped(t: torch.Tensor) -> None:
+    return None
+
+
+def _never(_: None) -> torch.Tensor:
+    raise RuntimeError("the reference's pass has no backward: nothing it saved is kept")
+
+
+def unsaved() -> contextlib.AbstractContextManager:
+    """A forward with gradients on whose graph is never walked back: what it would save for backward is dropped as it
+    is saved (nothing held, nothing offloaded), as under no_grad, while it runs the graph that backward would need."""
+    return torch.autograd.graph.saved_tensors_hooks(_dropped, _never)
+
+
 class FrozenReference(nn.Module):
     """DPO's frozen copy of the model (full fine-tuning), under the name the policy's model has (`model`), so that
     slots and sharding find its weights as they find the policy's. It is called with the function to run on the
@@ -294,12 +171,14 @@ class PreferenceLM(nn.Module):
 
     `reference`: DPO's frozen copy (full fine-tuning without precomputed log-probabilities), kept in a list so that
     it is no submodule of what the strategy wraps, shards and checkpoints; None where the adapters disabled are the
-    reference, or where it is precomputed, or for the reference-free objectives."""
+    reference, or where it is precomputed, or for the reference-free objectives. `gate`: the adapters scaled by zero
+    are the reference (compiled blocks), rather than peft's adapters disabled."""
 
     def __init__(self, model: nn.Module, vocab_size: int, preference: Preference, fuse_head: bool = True,
-                 per_row: int = 1, reference: FrozenReference | None = None):
+                 per_row: int = 1, reference: FrozenReference | None = None, gate: AdapterGate | None = None):
         super().__init__()
         self.model = model
+        self._gate = gate
         self.vocab_size = vocab_size
         self.preference = preference
         self.fuse_head = fuse_head
@@ -311,15 +190,23 @@ class PreferenceLM(nn.Module):
         self.mode = "train"
         self._dropout: bool | None = None  # the model has dropout somewhere (found at the first reference pass)
 
-    def _logps(self, hf: nn.Module, input_ids, labels, position_ids, documents) -> tuple[AnswerLogps, object]:
+    def _logps(self, hf: nn.Module, input_ids, labels, position_ids, documents,
+               reference: bool = False) -> tuple[AnswerLogps, object]:
+        if self._gate is not None and not self._gate.installed:  # before the first graph is traced
+            self._gate.install(input_ids.device)
         out = hidden_states(hf, input_ids, position_ids, documents, router_logits=torch.is_grad_enabled())
         logps = answer_logps(out.last_hidden_state, hf.get_output_embeddings(), labels, position_ids, self.per_row,
-                             self.vocab_size, self.fuse_head, getattr(hf.config, "final_logit_softcapping", None))
+                             self.vocab_size, self.fuse_head, getattr(hf.config, "final_logit_softcapping", None),
+                             reference)
         return logps, out
 
     def reference_logps(self, input_ids, labels, position_ids=None, documents=None) -> torch.Tensor:
         """The reference model's answer sums (2B, K), without gradients: the frozen copy, the adapters disabled, or
         (full fine-tuning precomputing them before its first step) the model itself."""
+        if self._gate is not None:
+            with self._gate.closed(), unsaved(), self._deterministic():
+                hf = unwrap(self.model)
+                return self._logps(hf, input_ids, labels, position_ids, documents, reference=True)[0].sums.detach()
         with torch.no_grad(), self._deterministic():
             if self._reference:
                 return self._reference[0](lambda m, *a: self._logps(m, *a)[0].sums, input_ids, labels, position_ids,

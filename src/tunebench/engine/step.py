@@ -93,15 +93,14 @@ def matmul_precision(cfg: RunConfig) -> Iterator[None]:
 
 @contextlib.contextmanager
 def reference_numerics(cfg: RunConfig) -> Iterator[None]:
-    """Compiled DPO: every 16-bit intermediate rounded where eager rounds it, so that the reference and the policy
-    agree where they are the same function (at the start, LoRA's B = 0).
+    """Compiled DPO: every 16-bit intermediate rounded where eager rounds it, so that a reference compiled apart from
+    the policy (full fine-tuning's frozen copy) rounds as the policy's graph does where they are the same function.
 
-    Inductor keeps a fused kernel's intermediates in fp32 by default, and the two run different graphs (the
-    reference without gradients and without the adapters, the policy with them, its checkpoint traced inside the
-    block): their fusions differ, so their roundings did, and DPO reads the difference of their log-probabilities
-    summed over whole answers. On Gemma-2's shape that difference came to nats: a first loss far from log 2. With
-    eager's casts emulated both graphs round alike (the casts are elementwise and fused); what remains is where
-    their kernels sum in different orders (benchmarks/results/preference.md)."""
+    Inductor keeps a fused kernel's intermediates in fp32 by default, and the two graphs differ (the reference's
+    without gradients, the policy's with its checkpoint traced inside the block): their fusions differ, so would
+    their roundings, and DPO reads the difference of their log-probabilities summed over whole answers. With eager's
+    casts emulated both round alike (the casts are elementwise and fused); what remains is where their kernels sum
+    in different orders. LoRA's reference runs the policy's own graph instead (methods.adapter_gate)."""
     if cfg.objective not in WITH_REFERENCE or cfg.compile is not True:  # a resolved config: compile is a bool
         yield
         return

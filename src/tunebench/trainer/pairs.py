@@ -1,7 +1,7 @@
 """A preference job's own steps beside the loop: its evaluation (loss, rewards, reward margin and accuracy on the
 validation pairs) and its reference log-probabilities precomputed in one pass (`precompute_reference`).
 
-The precomputed values are the reference's at the job's start: the base with its adapters disabled (LoRA, QLoRA),
+The precomputed values are the reference's at the job's start: the base with its adapters off (LoRA, QLoRA),
 or the model itself before its first step (full fine-tuning). They are kept in output_dir/reference/ (the values,
 then the key they were computed for, each written aside and renamed), so that a resumed job reads them back instead
 of asking an already trained model.
