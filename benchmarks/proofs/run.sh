@@ -5,7 +5,8 @@
 # (records exported to $OUT/TOPIC.jsonl), then its comparisons (benchmarks/compare/: each side its own process, the
 # ratio printed). Wheels carried in .whl/ are installed first (.whl/unsloth-site.tgz: Unsloth's packages). Knobs:
 #   ONLY=sweep|compare  one half only;  OUT  outputs and the results store (/tmp/tunebench-out)
-#   dpo-head: BEFORE (a tarball of an earlier src/), CONFIGS, PROFILE=0 (the A/B without the profile)
+#   dpo-head: BEFORE (a tarball of an earlier src/), CONFIGS, PROFILE=0 (the A/B without the profile), EXTRA (more
+#     arguments for every run, e.g. a strategy)
 #   dpo-reference-graph: JOBS=0 (the probe without the whole jobs)
 #   SEQ, BATCH, STEPS, WARMUP  laid over every configuration of the sweep (--set) and the comparisons; NPROC: the
 #   comparisons' GPUs (each suite names its own)
@@ -163,7 +164,7 @@ dpo-head)  # Llama-3.2-1B DPO: full fine-tuning (its trained head) and LoRA (its
   IFS=, read -ra configs <<< "${CONFIGS:-full 4 1024,full 2 2048,lora 8 1024}"
   for m in "${configs[@]}"; do
     set -- $m
-    args="--model llama-3.2-1b --method $1 --objective dpo --grad-ckpt $(shape "$3" "$2" 14 6)"
+    args="--model llama-3.2-1b --method $1 --objective dpo --grad-ckpt $(shape "$3" "$2" 14 6) ${EXTRA:-}"
     tb plan $args --json 2>/dev/null | python3 -c 'import json, sys
 p = json.load(sys.stdin); print(*sys.argv[1:], "planned", round(p["tokens_per_s"]), round(p["peak_mem_allocated_bytes"] / 2**30, 2))' "$1" "$2"
     for side in "${sides[@]}"; do
@@ -198,6 +199,23 @@ print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)), round((m.get(
       "GiB", [round(x, 4) for x in (m.get("losses") or [])[:4]], r["error"])' "$@"
   done | tee "$OUT/$topic.txt"
   tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null ;;
+dpo-reference-2gpu)  # the first DPO losses on two GPUs (Llama-3.2-1B s1024 checkpointed: LoRA under FSDP2 and DDP,
+  # full under ZeRO-2 and FSDP2), each planned first; then a full fine-tune's frozen reference against its policy at
+  # the start on Gemma-2-9B's shape cut to 4 blocks (reference_match.py --method full, on the first GPU)
+  for m in "lora fsdp 4" "lora ddp 4" "full zero2 2" "full fsdp 2"; do
+    set -- $m
+    args="--model llama-3.2-1b --method $1 --objective dpo --grad-ckpt --strategy $2 --nproc-per-node 2 $(shape 1024 "$3" 8 3)"
+    tb plan $args --json 2>/dev/null | python3 -c 'import json, sys
+p = json.load(sys.stdin); print("planned", round(p["tokens_per_s"]), round(p["peak_mem_allocated_bytes"] / 2**30, 2), "GiB")'
+    tb run $args --tag "$topic" --json 2>/dev/null | python3 -c 'import json, sys; r = json.load(sys.stdin); m = r["metrics"] or {}
+print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)), round((m.get("peak_mem_allocated_bytes") or 0) / 2**30, 2),
+      "GiB", (m.get("losses") or [None])[:3], r["error"])' "$@"
+  done | tee "$OUT/$topic.txt"
+  tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null
+  python3 -c 'import sys; sys.path.insert(0, "benchmarks/probes"); from pathlib import Path; import long_context
+print(long_context.write_model("gemma-2-9b", 4, None, Path("/tmp/models")))' > /tmp/gemma-folder || exit 1
+  python3 benchmarks/probes/reference_match.py --model "$(cat /tmp/gemma-folder)" --method full 2>/dev/null \
+    | tee "$OUT/$topic-match.txt" ;;
 fsdp-pure-reduce)  # Qwen3-30B-A3B full FSDP2 bf16-pure on NPROC GPUs (4), s4096 checkpointed: fp32 reduce-scatter
   # (as before 2026-11-28, from a copy of src/) against bf16 (src/ as it is) at batch 4, each its own process; then
   # bf16 at BATCHES (8 16); each planned first (the plan's line printed), records in $OUT/$topic.jsonl. LAYERS: its
