@@ -485,6 +485,10 @@ def test_compiled_reference_is_the_policys_own_graph_with_its_adapters_scaled_by
         assert counters["stats"]["unique_graphs"] == graphs > 0  # the policy's pass compiled nothing new
         assert torch.equal(policy.detach(), reference) and not reference.requires_grad
         assert float(lm(*batch).detach()) == pytest.approx(np.log(2), abs=1e-7)
+        lm.mode = "reference"  # precomputed before training, without gradients: still training's graph
+        with torch.no_grad():
+            assert torch.equal(lm(*batch), reference) and counters["stats"]["unique_graphs"] == graphs
+        lm.mode = "train"
         with torch.no_grad():
             for name, param in lm.model.named_parameters():
                 if "lora_B" in name:

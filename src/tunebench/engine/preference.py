@@ -204,7 +204,9 @@ class PreferenceLM(nn.Module):
         """The reference model's answer sums (2B, K), without gradients: the frozen copy, the adapters disabled, or
         (full fine-tuning precomputing them before its first step) the model itself."""
         if self._gate is not None:
-            with self._gate.closed(), unsaved(), self._deterministic():
+            # the grad mode of the policy's pass it is set against: the caller's; training's where it is precomputed
+            grad = torch.is_grad_enabled() or self.mode == "reference"
+            with self._gate.closed(), torch.set_grad_enabled(grad), unsaved(), self._deterministic():
                 hf = unwrap(self.model)
                 return self._logps(hf, input_ids, labels, position_ids, documents, reference=True)[0].sums.detach()
         with torch.no_grad(), self._deterministic():
