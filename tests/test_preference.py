@@ -380,6 +380,16 @@ def test_two_processes_take_the_losses_of_one(tmp_path, strategy, method):
     assert b["samples_per_s"] and b["timed_tokens"] == 2 * a["timed_tokens"] // 2  # pairs' two rows each
 
 
+def test_zero2_full_dpo_in_bf16_starts_at_log_2():
+    """DeepSpeed runs the policy in bf16, its buffers left in fp32; the frozen reference is cast alike, so at the
+    start the two are one function and the loss is log 2 bit for bit."""
+    p = cli_subprocess("run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--steps", "1", "--warmup",
+                       "0", "--method", "full", "--precision", "bf16", "--objective", "dpo", "--strategy", "zero2",
+                       "--nproc-per-node", "2", "--batch-size", "2", "--no-store", "--json", timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout)["metrics"]["losses"][0] == pytest.approx(np.log(2), abs=1e-7)
+
+
 @pytest.mark.parametrize("argv,needle", [
     (("--beta", "0.2"), "beta=0.2 is for objective dpo or simpo or orpo"),
     (("--objective", "simpo", "--precompute-reference"), "precompute_reference=True is for objective dpo"),
@@ -448,6 +458,9 @@ def test_the_frozen_reference_computes_in_the_dtype_the_policy_does(strategy, pr
                     nproc_per_node=2 if strategy != "single" else 1, device="cpu")
     reference = reference_model(model, cfg, STRATEGIES[strategy], torch.device("cpu"), 1, 2, None)
     assert {p.dtype for p in reference.parameters()} == {dtype}
+    # DeepSpeed casts the policy's parameters only: RoPE's inverse frequencies stay fp32 in both (cast to bf16 in the
+    # copy alone, a ZeRO-2 full DPO job started away from log 2)
+    assert {b.dtype for b in reference.buffers()} == {torch.float32}
     plan = predict(cfg.model_copy(update={"device": "auto"}), gpu_named("H100-80GB"), cfg.nproc_per_node)
     copy = sum(i.bytes for i in plan.mem.items if i.name == "reference model")
     assert copy == dtype.itemsize * plan.workload.counts.total

@@ -210,8 +210,11 @@ def reference_model(frozen, cfg: RunConfig, strategy: Strategy, device: torch.de
     model = frozen.model if isinstance(frozen, MetaBuild) else frozen
     model.eval().requires_grad_(False)
     if strategy.deepspeed and cfg.precision in ("bf16", "fp16"):
-        # DeepSpeed casts the policy and runs it without autocast: the copy cast alike, or its forward runs in fp32
-        model.to(compute_dtype(cfg))
+        # DeepSpeed casts the policy's parameters and runs it without autocast: the copy cast alike, or its forward
+        # runs in fp32; its buffers left in fp32 as DeepSpeed leaves the policy's (RoPE's inverse frequencies cast
+        # to bf16 turn every position's angle)
+        for p in model.parameters():
+            p.data = p.data.to(compute_dtype(cfg))
     blocks = transformer_blocks(model, num_layers)
     if cfg.mlp_chunk:  # its forward without gradients, a chunk at a time: no MLP-wide tensor of every token
         chunk_mlps(blocks, cfg.mlp_chunk)
