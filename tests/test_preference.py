@@ -470,7 +470,8 @@ def test_compiled_reference_is_the_policys_own_graph_with_its_adapters_scaled_by
     """Compiled LoRA DPO: the reference runs the policy's graph (methods.adapter_gate), not one of its own without
     gradients or adapters, whose fusions rounded apart from the policy's and, on Gemma-2's shape (scaled embeddings,
     soft caps), moved the first loss from log 2. At the start (B = 0) the policy is its reference bit for bit and the
-    loss is log 2; with B trained the reference does not move; it keeps no gradient."""
+    loss is log 2; with B trained the reference does not move; it keeps no gradient. The adapters' dropout on: it
+    does not reach adapters scaled by zero, so the reference needs no eval mode (another graph)."""
     from torch._dynamo.utils import counters
     from transformers import Gemma2Config
 
@@ -486,7 +487,7 @@ def test_compiled_reference_is_the_policys_own_graph_with_its_adapters_scaled_by
                  num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=128, sliding_window=32,
                  query_pre_attn_scalar=32).save_pretrained(tmp_path)
     cfg = RunConfig(model=str(tmp_path), method="lora", objective="dpo", batch_size=2, seq_len=64, compile=True,
-                    grad_ckpt=True, precision="bf16", device="cpu")
+                    grad_ckpt=True, precision="bf16", device="cpu", lora_dropout=0.1)
     plan = preflight(cfg)
     t = build_trainable(plan, Outcome(), DistContext())
     lm, batch = t.module, SyntheticPairs(plan.spec.vocab_size, 2, 64, plan.device, 0).next()[:4]

@@ -225,8 +225,9 @@ class PreferenceLM(nn.Module):
     def _deterministic(self) -> Iterator[None]:
         """The reference without dropout (TRL's default too): eval mode around its pass where the model has any
         dropout; left alone otherwise (a compiled block's mode is in its guards: a switch would trace it again)."""
-        if self._dropout is None:
-            self._dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.model.modules()) or any(
+        if self._dropout is None:  # the adapters' own dropout does not reach adapters scaled by zero (the gate)
+            self._dropout = any(isinstance(m, nn.Dropout) and m.p > 0 and not (self._gate and "lora_dropout" in name)
+                                for name, m in self.model.named_modules()) or any(
                 float(getattr(unwrap(self.model).config, k, 0) or 0) > 0 for k in ("attention_dropout", "dropout"))
         if not self._dropout or not self.training:
             yield
