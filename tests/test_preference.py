@@ -427,6 +427,12 @@ def test_the_planner_counts_both_rows_the_reference_and_its_copy():
         assert ("reference forward" in p.time.parts) == (objective == "dpo")
     pre = predict(RunConfig(**base, method="lora", objective="dpo", precompute_reference=True), gpu)
     assert "reference forward" not in pre.time.parts and pre.flops_per_token < p.flops_per_token
+    # compiled, the reference is the policy's forward with its adapters scaled by zero: their products run in it too
+    eager = predict(RunConfig(**base, method="lora", objective="dpo", compile=False), gpu)
+    compiled = predict(RunConfig(**base, method="lora", objective="dpo", compile=True), gpu)
+    assert compiled.workload.reference_runs_adapters and not eager.workload.reference_runs_adapters
+    assert not predict(RunConfig(**base, method="full", objective="dpo", compile=True), gpu).workload \
+        .reference_runs_adapters
 
     def copy_bytes(**kw) -> float:
         plan = predict(RunConfig(**base, method="full", objective="dpo", **kw), gpu, kw.get("nproc_per_node", 1))

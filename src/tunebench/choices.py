@@ -105,6 +105,12 @@ def traces_whole_checkpoint(cfg: RunConfig, strategy: Compiles) -> bool:
             and not strategy.gathers_per_module and not cfg.mlp_chunk)
 
 
+def reference_in_policy_graph(cfg: RunConfig, strategy: Compiles) -> bool:
+    """A resolved DPO config's reference runs the policy's compiled forward with the adapters scaled by zero
+    (methods.adapter_gate) rather than peft's adapters disabled: LoRA or QLoRA with compiled blocks."""
+    return cfg.objective == "dpo" and cfg.method != "full" and compile_scope(cfg, strategy) == "blocks"
+
+
 def check_cuda_graphs(cfg: RunConfig, strategy: Compiles) -> None:
     """cuda_graphs=true replays one graph of the whole model in one process: nothing else was built (per-block graphs
     measured no faster; under DDP its hooks run between the graph's pieces)."""

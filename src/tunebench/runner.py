@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tunebench.choices import compile_scope, traces_whole_checkpoint
+from tunebench.choices import compile_scope, reference_in_policy_graph, traces_whole_checkpoint
 from tunebench.config import RunConfig
 from tunebench.console import say
 from tunebench.console.progress import ProgressFn
@@ -173,9 +173,7 @@ def _with_loss(plan: Plan, model: nn.Module, out: Outcome, ctx: DistContext, mas
                                     out.compile_scope)
     if cfg.objective == "dpo" and not cfg.precompute_reference:
         out.flops = out.flops.with_reference_forward()
-    # compiled blocks: the reference through the policy's own graph, its adapters scaled by zero (not another graph)
-    adapted = cfg.method != "full"
-    gate = AdapterGate(model) if adapted and Preference.of(cfg).reference and out.compile_scope == "blocks" else None
+    gate = AdapterGate(model) if reference_in_policy_graph(cfg, strategy) else None
     return PreferenceLM(model, spec.vocab_size, Preference.of(cfg), strategy.fused_head, per_row, reference, gate)
 
 

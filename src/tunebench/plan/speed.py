@@ -108,7 +108,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
     work = {"matmul": gemm, "attention": attention / attention_flops, "elementwise": moved / hw.bandwidth,
             "optimizer": optimizer}
     if w.reference_forward:
-        work["reference forward"] = _reference_forward(w, hw, ceiling, attention_flops, per_saved * act.per_layer)
+        work["reference forward"] = _reference_forward(w, hw, (ceiling, adapter_ceiling), attention_flops,
+                                                       per_saved * act.per_layer)
     return work
 
 
@@ -140,13 +141,17 @@ def _attention_share(w: Workload) -> float:
     return share
 
 
-def _reference_forward(w: Workload, hw: Hardware, ceiling: float, attention_flops: float,
+def _reference_forward(w: Workload, hw: Hardware, ceilings: tuple[float, float], attention_flops: float,
                        bytes_per_token_layer: float) -> float:
-    """DPO's reference pass: one forward without gradients over the micro-batches' tokens (the base's GEMMs, the
-    head's logits, attention, the elementwise ops' forward share, QLoRA's weights dequantized once more)."""
+    """DPO's reference pass: one forward over the micro-batches' tokens (the base's GEMMs, the head's logits,
+    attention, the elementwise ops' forward share, QLoRA's weights dequantized once more; through the policy's
+    compiled graph, the adapters' forward products too)."""
     s, c, cfg = w.spec, w.counts, w.cfg
     tokens = w.tokens * cfg.grad_accum
+    ceiling, adapter_ceiling = ceilings
     gemm = 2 * (c.block_matmul + c.head) * tokens / ceiling
+    if w.reference_runs_adapters:
+        gemm += 2 * w.active_lora_params * tokens / adapter_ceiling
     attention = 2 * cfg.seq_len * s.num_heads * s.head_dim * w.layers * tokens / attention_flops
     moved = bytes_per_token_layer * w.layers * tokens * 2 / 3  # a forward: a third of forward + backward's traffic
     moved += CAL.loss_bytes_per_logit * w.compute_bytes / 4 * tokens * s.vocab_size

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tunebench.choices import compile_scope, resolve, traces_whole_checkpoint
+from tunebench.choices import compile_scope, reference_in_policy_graph, resolve, traces_whole_checkpoint
 from tunebench.config import RunConfig
 from tunebench.config.targets import split_targets
 from tunebench.errors import UserError
@@ -55,6 +55,12 @@ class Workload:
         """DPO's reference runs forward on every micro-batch (not precomputed): the frozen copy, or the base with
         the adapters disabled."""
         return self.cfg.objective == "dpo" and not self.cfg.precompute_reference
+
+    @property
+    def reference_runs_adapters(self) -> bool:
+        """DPO's reference forward is the policy's compiled one, its adapters' rank-r products run and scaled by
+        zero (choices.reference_in_policy_graph)."""
+        return self.reference_forward and reference_in_policy_graph(self.cfg, self.strategy)
 
     @property
     def frozen_reference(self) -> bool:
