@@ -32,6 +32,18 @@ for kv in seq_len=${SEQ:-} batch_size=${BATCH:-} steps=${STEPS:-} warmup=${WARMU
   [ -n "${kv#*=}" ] && sets+=(--set "$kv")
 done
 shape() { echo "--seq-len ${SEQ:-$1} --batch-size ${BATCH:-$2} --steps ${STEPS:-$3} --warmup ${WARMUP:-$4}"; }
+planned_then_run() {  # NAME ARGS...: the plan's tokens/s and peak, then the run's status, tokens/s, peak, first losses
+  local name=$1; shift
+  tb plan "$@" --json 2>/dev/null | python3 -c 'import json, sys
+p = json.load(sys.stdin); print("planned", round(p["tokens_per_s"]), round(p["peak_mem_allocated_bytes"] / 2**30, 2), "GiB")'
+  tb run "$@" --tag "$topic" --json 2>/dev/null | python3 -c 'import json, sys; r = json.load(sys.stdin); m = r["metrics"] or {}
+print(sys.argv[1], r["status"], round(m.get("tokens_per_s", 0)), round((m.get("peak_mem_allocated_bytes") or 0) / 2**30, 2),
+      "GiB", [round(x, 4) for x in (m.get("losses") or [])[:4]], r["error"])' "$name"
+}
+gemma4() {  # a local folder of Gemma-2-9B's shape cut to 4 blocks (random weights); its path
+  python3 -c 'import sys; sys.path.insert(0, "benchmarks/probes"); from pathlib import Path; import long_context
+print(long_context.write_model("gemma-2-9b", 4, None, Path("/tmp/models")))'
+}
 
 if [ "${ONLY:-sweep}" = sweep ] && [ -f "benchmarks/proofs/$topic.yaml" ]; then
   tb sweep "benchmarks/proofs/$topic.yaml" ${sets[@]+"${sets[@]}"} --run-timeout 900 2>&1 | grep -v "step [0-9]*/"
@@ -183,20 +195,14 @@ print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)), round((m.get(
 dpo-reference-graph)  # compiled DPO's reference through the policy's own graph: the policy-to-reference gap at the
   # start (reference_match.py) on Gemma-2-9B's shape cut to 4 blocks and on Llama-3.2-1B; then the first losses of
   # whole jobs, checkpointed (Gemma-2-9B LoRA b2, Qwen3-8B QLoRA b4, s1024), each planned first
-  python3 -c 'import sys; sys.path.insert(0, "benchmarks/probes"); from pathlib import Path; import long_context
-print(long_context.write_model("gemma-2-9b", 4, None, Path("/tmp/models")))' > /tmp/gemma-folder || exit 1
-  for model in "$(cat /tmp/gemma-folder)" llama-3.2-1b; do
+  gemma=$(gemma4) || exit 1
+  for model in "$gemma" llama-3.2-1b; do
     echo "$model"; python3 benchmarks/probes/reference_match.py --model "$model" 2>/dev/null
   done | tee "$OUT/$topic-match.txt"
   [ "${JOBS:-1}" = 1 ] || exit 0  # JOBS=0: the probe alone
   for m in "gemma-2-9b lora 2" "qwen3-8b qlora 4"; do
     set -- $m
-    args="--model $1 --method $2 --objective dpo --grad-ckpt $(shape 1024 "$3" 12 5)"
-    tb plan $args --json 2>/dev/null | python3 -c 'import json, sys
-p = json.load(sys.stdin); print("planned", round(p["tokens_per_s"]), round(p["peak_mem_allocated_bytes"] / 2**30, 2), "GiB")'
-    tb run $args --tag "$topic" --json 2>/dev/null | python3 -c 'import json, sys; r = json.load(sys.stdin); m = r["metrics"] or {}
-print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)), round((m.get("peak_mem_allocated_bytes") or 0) / 2**30, 2),
-      "GiB", [round(x, 4) for x in (m.get("losses") or [])[:4]], r["error"])' "$@"
+    planned_then_run "$*" --model $1 --method $2 --objective dpo --grad-ckpt $(shape 1024 "$3" 12 5)
   done | tee "$OUT/$topic.txt"
   tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null ;;
 dpo-reference-2gpu)  # the first DPO losses on two GPUs (Llama-3.2-1B s1024 checkpointed: LoRA under FSDP2 and DDP,
@@ -204,18 +210,12 @@ dpo-reference-2gpu)  # the first DPO losses on two GPUs (Llama-3.2-1B s1024 chec
   # the start on Gemma-2-9B's shape cut to 4 blocks (reference_match.py --method full, on the first GPU)
   for m in "lora fsdp 4" "lora ddp 4" "full zero2 2" "full fsdp 2"; do
     set -- $m
-    args="--model llama-3.2-1b --method $1 --objective dpo --grad-ckpt --strategy $2 --nproc-per-node 2 $(shape 1024 "$3" 8 3)"
-    tb plan $args --json 2>/dev/null | python3 -c 'import json, sys
-p = json.load(sys.stdin); print("planned", round(p["tokens_per_s"]), round(p["peak_mem_allocated_bytes"] / 2**30, 2), "GiB")'
-    tb run $args --tag "$topic" --json 2>/dev/null | python3 -c 'import json, sys; r = json.load(sys.stdin); m = r["metrics"] or {}
-print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)), round((m.get("peak_mem_allocated_bytes") or 0) / 2**30, 2),
-      "GiB", (m.get("losses") or [None])[:3], r["error"])' "$@"
+    planned_then_run "$*" --model llama-3.2-1b --method $1 --objective dpo --grad-ckpt --strategy $2 \
+      --nproc-per-node 2 $(shape 1024 "$3" 8 3)
   done | tee "$OUT/$topic.txt"
   tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null
-  python3 -c 'import sys; sys.path.insert(0, "benchmarks/probes"); from pathlib import Path; import long_context
-print(long_context.write_model("gemma-2-9b", 4, None, Path("/tmp/models")))' > /tmp/gemma-folder || exit 1
-  python3 benchmarks/probes/reference_match.py --model "$(cat /tmp/gemma-folder)" --method full 2>/dev/null \
-    | tee "$OUT/$topic-match.txt" ;;
+  gemma=$(gemma4) || exit 1
+  python3 benchmarks/probes/reference_match.py --model "$gemma" --method full 2>/dev/null | tee "$OUT/$topic-match.txt" ;;
 fsdp-pure-reduce)  # Qwen3-30B-A3B full FSDP2 bf16-pure on NPROC GPUs (4), s4096 checkpointed: fp32 reduce-scatter
   # (as before 2026-11-28, from a copy of src/) against bf16 (src/ as it is) at batch 4, each its own process; then
   # bf16 at BATCHES (8 16); each planned first (the plan's line printed), records in $OUT/$topic.jsonl. LAYERS: its
