@@ -380,6 +380,18 @@ def test_two_processes_take_the_losses_of_one(tmp_path, strategy, method):
     assert b["samples_per_s"] and b["timed_tokens"] == 2 * a["timed_tokens"] // 2  # pairs' two rows each
 
 
+def test_fsdp_lora_dpo_with_the_reference_precomputed_starts_at_log_2_in_bf16(local, tmp_path):
+    """FSDP2's root takes the precomputed reference's answer sums as they are: cast to bf16 with the forward's
+    inputs, they were rounded (the first loss 0.69376 on two processes where one process and DDP give log 2)."""
+    p = cli_subprocess("train", "--model", str(local / "model"), "--data", str(local / "pairs.jsonl"), "--seq-len",
+                       "32", "--batch-size", "4", "--device", "cpu", "--precision", "bf16", "--output-dir",
+                       str(tmp_path), "--no-store", "--json", "--objective", "dpo", "--method", "lora",
+                       "--precompute-reference", "--max-steps", "1", "--strategy", "fsdp", "--nproc-per-node", "2",
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout)["metrics"]["losses"][0] == pytest.approx(np.log(2), abs=1e-7)
+
+
 def test_zero2_full_dpo_in_bf16_starts_at_log_2():
     """DeepSpeed runs the policy in bf16, its buffers left in fp32; the frozen reference is cast alike, so at the
     start the two are one function and the loss is log 2 bit for bit."""

@@ -24,8 +24,10 @@ def _policies(cfg: RunConfig) -> tuple[MixedPrecisionPolicy, MixedPrecisionPolic
     bf16-pure the shards keep bf16 gradients, so an fp32 reduce-scatter would only double its bytes and add a
     copy of every gradient each way (as DDP, which reduces in the gradients' dtype)."""
     reduce = torch.bfloat16 if cfg.precision == "bf16-pure" else torch.float32
-    root = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=reduce)
-    # Blocks take their inputs as they come (bf16 from the bf16 root): under Hugging Face's checkpointing
+    # The root takes token ids and, for DPO with its reference precomputed, the reference's log-probabilities summed
+    # over each answer: cast to bf16 those would round (a sum near -300 to a step of 2), so nothing is cast
+    root = MixedPrecisionPolicy(param_dtype=COMPUTE.get(cfg.precision), reduce_dtype=reduce, cast_forward_inputs=False)
+    # Blocks take their inputs as they come (bf16 from the bf16 embeddings): under Hugging Face's checkpointing
     # FSDP's hook runs inside the checkpointed call, and before torch 2.13 it skipped the input cast when
     # recomputing, so a cast in forward only made the recompute's dtypes differ (CheckpointError on GPU).
     return root, MixedPrecisionPolicy(param_dtype=root.param_dtype, reduce_dtype=reduce, cast_forward_inputs=False)
