@@ -382,7 +382,7 @@ def test_two_processes_take_the_losses_of_one(tmp_path, strategy, method):
 
 def test_fsdp_lora_dpo_with_the_reference_precomputed_starts_at_log_2_in_bf16(local, tmp_path):
     """FSDP2's root takes the precomputed reference's answer sums as they are: cast to bf16 with the forward's
-    inputs, they were rounded (the first loss 0.69376 on two processes where one process and DDP give log 2)."""
+    inputs, they were rounded (the first loss off log 2 on two processes, where one process and DDP start at it)."""
     p = cli_subprocess("train", "--model", str(local / "model"), "--data", str(local / "pairs.jsonl"), "--seq-len",
                        "32", "--batch-size", "4", "--device", "cpu", "--precision", "bf16", "--output-dir",
                        str(tmp_path), "--no-store", "--json", "--objective", "dpo", "--method", "lora",
