@@ -529,6 +529,51 @@ def test_compiled_reference_is_the_policys_own_graph_with_its_adapters_scaled_by
         assert not torch.equal(lm._logps(unwrap(lm.model), *batch)[0].sums.detach(), reference)
 
 
+@pytest.mark.parametrize("ckpt", ["none", "hf"])
+def test_compiled_frozen_copy_runs_the_policys_own_graph(tmp_path, ckpt):
+    """Compiled full DPO: the frozen copy runs the policy's compiled graph (its blocks checkpointed as the policy's,
+    in training's grad and train mode, nothing saved), not one of its own without gradients, whose fusions rounded
+    apart from the policy's on Gemma-2's shape; so does the model itself where the reference is precomputed. At the
+    start the policy is its reference bit for bit and the loss log 2; a backward reaches the policy alone."""
+    from torch._dynamo.utils import counters
+    from transformers import Gemma2Config
+
+    from tunebench.config import RunConfig
+    from tunebench.dist import DistContext
+    from tunebench.engine.data import SyntheticPairs
+    from tunebench.engine.model import unwrap
+    from tunebench.engine.step import autocast, kernel_settings
+    from tunebench.run_preflight import preflight
+    from tunebench.runner import Outcome, build_trainable
+
+    Gemma2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=128, sliding_window=32,
+                 query_pre_attn_scalar=32).save_pretrained(tmp_path)
+    cfg = RunConfig(model=str(tmp_path), method="full", objective="dpo", batch_size=2, seq_len=64, compile=True,
+                    grad_ckpt=ckpt != "none", ckpt_traced=ckpt == "none", precision="bf16", device="cpu")
+    plan = preflight(cfg)
+    t = build_trainable(plan, Outcome(), DistContext())
+    lm, batch = t.module, SyntheticPairs(plan.spec.vocab_size, 2, 64, plan.device, 0).next()[:4]
+    copy = lm._reference[0].model
+    torch._dynamo.reset()  # graphs compiled by an earlier test of the same blocks' code would be reused
+    counters.clear()
+    with kernel_settings(plan.cfg, plan.device), autocast(plan.cfg, plan.device):
+        reference = lm.reference_logps(*batch)
+        graphs = counters["stats"]["unique_graphs"]
+        policy = lm._logps(unwrap(lm.model), *batch)[0].sums
+        assert counters["stats"]["unique_graphs"] == graphs > 0  # the policy's pass compiled nothing new
+        assert torch.equal(policy.detach(), reference) and not reference.requires_grad
+        loss = lm(*batch)
+        assert float(loss.detach()) == pytest.approx(np.log(2), abs=1e-7)
+        loss.backward()
+        assert all(p.grad is None for p in copy.parameters())
+        assert all(p.grad is not None for p in lm.model.parameters() if p.requires_grad)
+        lm._reference.clear()  # precomputing: the model itself, before it trains, in training's graph
+        lm.mode = "reference"
+        with torch.no_grad():
+            assert torch.equal(lm(*batch), reference) and counters["stats"]["unique_graphs"] == graphs
+
+
 def test_answer_sums_are_index_adds_in_one_order_with_empty_slots_and_gradients():
     """Each answer's sum as index_add computes it (whose atomic adds on a GPU sum in any order), from differences of
     an fp64 running sum: values and gradients, answers of no tokens included (a packed row's unused slots)."""

@@ -7,7 +7,7 @@
 #   ONLY=sweep|compare  one half only;  OUT  outputs and the results store (/tmp/tunebench-out)
 #   dpo-head: BEFORE (a tarball of an earlier src/), CONFIGS, PROFILE=0 (the A/B without the profile), EXTRA (more
 #     arguments for every run, e.g. a strategy)
-#   dpo-reference-graph: JOBS=0 (the probe without the whole jobs)
+#   dpo-reference-graph: JOBS=0 (the probe without the whole jobs); dpo-frozen-graph: BEFORE (as dpo-head's)
 #   SEQ, BATCH, STEPS, WARMUP  laid over every configuration of the sweep (--set) and the comparisons; NPROC: the
 #   comparisons' GPUs (each suite names its own)
 #   families: MODELS (qwen3-8b), METHODS (lora qlora), TARGETS (all-linear), CHECKS (family_checks.py's; none),
@@ -203,6 +203,26 @@ dpo-reference-graph)  # compiled DPO's reference through the policy's own graph:
   for m in "gemma-2-9b lora 2" "qwen3-8b qlora 4"; do
     set -- $m
     planned_then_run "$*" --model $1 --method $2 --objective dpo --grad-ckpt $(shape 1024 "$3" 12 5)
+  done | tee "$OUT/$topic.txt"
+  tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null ;;
+dpo-frozen-graph)  # a full fine-tune's frozen DPO reference through the policy's compiled graphs, on Gemma-2-9B's
+  # shape cut to 4 blocks: the policy-to-reference gap at the start (reference_match.py --method full), then the whole
+  # DPO job s1024 b4 without and with checkpointing (first losses), BEFORE's src (a tarball, as dpo-head's) first
+  gemma=$(gemma4) || exit 1
+  sides=(after); if [ -n "${BEFORE:-}" ]; then
+    rm -rf /tmp/before && mkdir -p /tmp/before && tar -xzf "$BEFORE" -C /tmp/before || exit 1; sides=(before after)
+  fi
+  for side in "${sides[@]}"; do
+    src=$PWD/src; [ $side = before ] && src=/tmp/before/src
+    echo "$side"; PYTHONPATH=/tmp/site:$src python3 benchmarks/probes/reference_match.py --model "$gemma" --method full \
+      2>/dev/null
+    for ckpt in "" --grad-ckpt; do
+      PYTHONPATH=/tmp/site:$src python3 -m tunebench.cli run --model "$gemma" --method full --objective dpo $ckpt \
+        $(shape 1024 4 8 3) --tag "$topic-$side" --json 2>/dev/null | python3 -c 'import json, sys; r = json.load(sys.stdin)
+m = r["metrics"] or {}; print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)),
+      round((m.get("peak_mem_allocated_bytes") or 0) / 2**30, 2), "GiB", (m.get("losses") or [None])[:3], r["error"])' \
+        "$side" "${ckpt:-no-ckpt}"
+    done
   done | tee "$OUT/$topic.txt"
   tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null ;;
 dpo-reference-2gpu)  # the first DPO losses on two GPUs (Llama-3.2-1B s1024 checkpointed: LoRA under FSDP2 and DDP,

@@ -122,15 +122,7 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     frozen = frozen_copy(model, meta) if needs_frozen_reference(cfg) else None  # before anything adapts the model
     scope = out.compile_scope = compile_scope(cfg, strategy)
     if cfg.grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        ckpt_blocks = transformer_blocks(model, spec.num_layers)
-        checkpoint_every(ckpt_blocks, cfg.ckpt_every)
-        if cfg.ckpt_keep == "matmuls":
-            keep_matmuls(ckpt_blocks, cfg.ckpt_keep_every)
-        if traces_whole_checkpoint(cfg, strategy):
-            # not around 4-bit layers kept in another dtype (FSDP2, DeepSpeed): bitsandbytes' autograd functions,
-            # inside which a traced checkpoint marks nothing for recompute (their matmuls' outputs would be kept)
-            recompute_traced([b for b in ckpt_blocks if cfg.method != "qlora" or all_fusable(b)])
+        _checkpointed(model, cfg, strategy, spec.num_layers)
     model = apply_method(model, cfg)
     if cfg.grad_ckpt and cfg.method != "full":
         no_input_grads(unwrap(model).get_input_embeddings())
@@ -160,6 +152,20 @@ def build_trainable(plan: Plan, out: Outcome, ctx: DistContext, masked_labels: b
     return Trainable(model, module, strategy.wrap(module, blocks, cfg, device, ctx.world_size, materialize))
 
 
+def _checkpointed(model: nn.Module, cfg: RunConfig, strategy: Strategy, num_layers: int) -> None:
+    """The model's blocks recomputed in backward as the config says (HF's checkpoint, every n-th block, matmuls kept,
+    or the recompute traced into the compiled block): the policy's, and a frozen copy run through its graphs."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    blocks = transformer_blocks(model, num_layers)
+    checkpoint_every(blocks, cfg.ckpt_every)
+    if cfg.ckpt_keep == "matmuls":
+        keep_matmuls(blocks, cfg.ckpt_keep_every)
+    if traces_whole_checkpoint(cfg, strategy):
+        # not around 4-bit layers kept in another dtype (FSDP2, DeepSpeed): bitsandbytes' autograd functions,
+        # inside which a traced checkpoint marks nothing for recompute (their matmuls' outputs would be kept)
+        recompute_traced([b for b in blocks if cfg.method != "qlora" or all_fusable(b)])
+
+
 def _with_loss(plan: Plan, model: nn.Module, out: Outcome, ctx: DistContext, masked_labels: bool, per_row: int,
                frozen) -> nn.Module:
     """The model and its objective's loss as the one module the strategy wraps; DPO's frozen reference placed beside
@@ -167,14 +173,16 @@ def _with_loss(plan: Plan, model: nn.Module, out: Outcome, ctx: DistContext, mas
     cfg, spec, strategy = plan.cfg, plan.spec, plan.strategy
     if not cfg.preference:
         return CausalLMWithLoss(model, spec.vocab_size, strategy.fused_head, masked_labels)
+    in_graph = reference_in_policy_graph(cfg, strategy)
     reference = None
     if frozen is not None:
         reference = reference_model(frozen, cfg, strategy, plan.device, ctx.world_size, spec.num_layers,
-                                    out.compile_scope)
+                                    out.compile_scope, in_graph)
     if cfg.objective == "dpo" and not cfg.precompute_reference:
         out.flops = out.flops.with_reference_forward()
-    gate = AdapterGate(model) if reference_in_policy_graph(cfg, strategy) else None
-    return PreferenceLM(model, spec.vocab_size, Preference.of(cfg), strategy.fused_head, per_row, reference, gate)
+    gate = AdapterGate(model) if in_graph and cfg.method != "full" else None
+    return PreferenceLM(model, spec.vocab_size, Preference.of(cfg), strategy.fused_head, per_row, reference, gate,
+                        in_graph)
 
 
 def needs_frozen_reference(cfg: RunConfig) -> bool:
@@ -199,14 +207,21 @@ def frozen_copy(model: nn.Module, meta) -> nn.Module | object:
 
 
 def reference_model(frozen, cfg: RunConfig, strategy: Strategy, device: torch.device, world_size: int,
-                    num_layers: int, scope: str | None) -> FrozenReference:
+                    num_layers: int, scope: str | None, in_graph: bool = False) -> FrozenReference:
     """DPO's frozen reference, placed as the policy is: whole on each process (single, ddp, zero2) or sharded per
     block like the policy (fsdp: gathered block by block in its forward, freed after), its blocks compiled where the
-    policy's are."""
+    policy's are. `in_graph`: it runs the policy's compiled graphs (choices.reference_in_policy_graph), so its blocks
+    are checkpointed as the policy's and its weights marked as trained (a graph's guards read both), though no
+    gradient ever reaches them; without, it runs its own graphs without gradients."""
     from tunebench.models.build import MetaBuild
 
     model = frozen.model if isinstance(frozen, MetaBuild) else frozen
-    model.eval().requires_grad_(False)
+    if in_graph:
+        if cfg.grad_ckpt:
+            _checkpointed(model, cfg, strategy, num_layers)
+        model.train().requires_grad_(True)
+    else:
+        model.eval().requires_grad_(False)
     if strategy.deepspeed and cfg.precision in ("bf16", "fp16"):
         # DeepSpeed casts the policy's parameters and runs it without autocast: the copy cast alike, or its forward
         # runs in fp32; its buffers left in fp32 as DeepSpeed leaves the policy's (RoPE's inverse frequencies cast

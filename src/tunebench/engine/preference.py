@@ -9,9 +9,10 @@ An answer's log-probability is the sum of its tokens' log-softmax at the label (
 
 DPO's reference, in the order tried: log-probabilities precomputed before training and carried by the batch; the
 model with its adapters disabled (LoRA, QLoRA: one model in memory); a frozen copy (full fine-tuning). It runs
-first and keeps no activations, so they are gone before the policy's exist. Where the blocks are compiled, the adapters
-are not disabled but scaled by zero (methods.adapter_gate), in the caller's grad mode with nothing saved: the
-reference is then the policy's own compiled graph, rounding as it does.
+first and keeps no activations, so they are gone before the policy's exist. Where the blocks are compiled, the
+reference runs in the caller's grad mode with nothing saved, so that it is the policy's own compiled graph, rounding
+as it does: the adapters are not disabled but scaled by zero (methods.adapter_gate); the frozen copy's blocks are
+checkpointed as the policy's and its weights marked as trained.
 
 The losses are those of the reference implementations (TRL's DPOTrainer, CPOTrainer with loss_type simpo,
 ORPOTrainer; tests/test_preference.py compares losses, rewards and gradients): with c, r the chosen and rejected
@@ -172,13 +173,16 @@ class PreferenceLM(nn.Module):
     `reference`: DPO's frozen copy (full fine-tuning without precomputed log-probabilities), kept in a list so that
     it is no submodule of what the strategy wraps, shards and checkpoints; None where the adapters disabled are the
     reference, or where it is precomputed, or for the reference-free objectives. `gate`: the adapters scaled by zero
-    are the reference (compiled blocks), rather than peft's adapters disabled."""
+    are the reference (compiled blocks), rather than peft's adapters disabled. `in_graph`: the reference runs the
+    policy's compiled graphs (choices.reference_in_policy_graph), in the caller's grad mode with nothing saved."""
 
     def __init__(self, model: nn.Module, vocab_size: int, preference: Preference, fuse_head: bool = True,
-                 per_row: int = 1, reference: FrozenReference | None = None, gate: AdapterGate | None = None):
+                 per_row: int = 1, reference: FrozenReference | None = None, gate: AdapterGate | None = None,
+                 in_graph: bool = False):
         super().__init__()
         self.model = model
         self._gate = gate
+        self.in_graph = in_graph or gate is not None
         self.vocab_size = vocab_size
         self.preference = preference
         self.fuse_head = fuse_head
@@ -201,25 +205,31 @@ class PreferenceLM(nn.Module):
         return logps, out
 
     def reference_logps(self, input_ids, labels, position_ids=None, documents=None) -> torch.Tensor:
-        """The reference model's answer sums (2B, K), without gradients: the frozen copy, the adapters disabled, or
-        (full fine-tuning precomputing them before its first step) the model itself."""
-        if self._gate is not None:
+        """The reference model's answer sums (2B, K), without gradients: the frozen copy, the adapters disabled (or
+        scaled by zero), or (precomputing them before the first step) the model itself."""
+        args = (input_ids, labels, position_ids, documents)
+        if self.in_graph:
             # the grad mode of the policy's pass it is set against: the caller's; training's where it is precomputed
             grad = torch.is_grad_enabled() or self.mode == "reference"
-            with self._gate.closed(), torch.set_grad_enabled(grad), unsaved(), self._deterministic():
-                hf = unwrap(self.model)
-                return self._logps(hf, input_ids, labels, position_ids, documents, reference=True)[0].sums.detach()
+            gate = self._gate.closed() if self._gate is not None else contextlib.nullcontext()
+            with gate, torch.set_grad_enabled(grad), unsaved(), self._deterministic():
+                return self._reference_sums(*args).detach()
         with torch.no_grad(), self._deterministic():
-            if self._reference:
-                return self._reference[0](lambda m, *a: self._logps(m, *a)[0].sums, input_ids, labels, position_ids,
-                                          documents)
-            if not hasattr(self.model, "disable_adapter"):
-                if self.mode != "reference":  # the model itself is the reference only before it trains
-                    raise RuntimeError("dpo without a reference: no adapters to disable, no frozen copy, and no "
-                                       "precomputed log-probabilities in the batch")
-                return self._logps(unwrap(self.model), input_ids, labels, position_ids, documents)[0].sums
+            return self._reference_sums(*args)
+
+    def _reference_sums(self, *args) -> torch.Tensor:
+        if self._reference:
+            copy = self._reference[0]
+            if self.in_graph and copy.training != self.model.training:  # the policy's mode: its graphs' guards
+                copy.train(self.model.training)
+            return copy(lambda m, *a: self._logps(m, *a, reference=self.in_graph)[0].sums, *args)
+        if self._gate is None and hasattr(self.model, "disable_adapter"):
             with self.model.disable_adapter():
-                return self._logps(unwrap(self.model), input_ids, labels, position_ids, documents)[0].sums
+                return self._logps(unwrap(self.model), *args)[0].sums
+        if self._gate is None and self.mode != "reference":  # the model itself is the reference only before it trains
+            raise RuntimeError("dpo without a reference: no adapters to disable, no frozen copy, and no precomputed "
+                               "log-probabilities in the batch")
+        return self._logps(unwrap(self.model), *args, reference=self.in_graph)[0].sums
 
     @contextlib.contextmanager
     def _deterministic(self) -> Iterator[None]:

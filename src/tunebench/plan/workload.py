@@ -60,7 +60,7 @@ class Workload:
     def reference_runs_adapters(self) -> bool:
         """DPO's reference forward is the policy's compiled one, its adapters' rank-r products run and scaled by
         zero (choices.reference_in_policy_graph)."""
-        return self.reference_forward and reference_in_policy_graph(self.cfg, self.strategy)
+        return self.reference_forward and not self.full and reference_in_policy_graph(self.cfg, self.strategy)
 
     @property
     def frozen_reference(self) -> bool:
