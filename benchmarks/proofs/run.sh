@@ -147,7 +147,7 @@ planner-dpo-families)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 planner-first-block)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
-planner-first-block-2)  # held out as planner-oos-4gpu
+planner-first-block-2|planner-traced-full|planner-traced-full-7b)  # held out as planner-oos-4gpu
   tb plan --validate "$OUT/$topic.jsonl" ;;
 zero2-overflow-check)  # ZeRO-2 bf16 with DeepSpeed's overflow check (as before 2026-11-28, from a copy of src/)
   # against without it (src/ as it is), each run its own process, alternated; the ratio printed. NPROC GPUs (1),

@@ -58,6 +58,9 @@ class Activations:
     final_norm: float = 0.0  # of outside, the final norm's: freed by its backward, before any block's
     per_block: float = 0.0  # bytes a block keeps for backward whatever the tokens (adapted experts' factors)
     routing: float = 0.0  # of per_layer, a mixture of experts' routing (router probabilities, sort and gather indices)
+    # bytes per token a block holds in its backward after its traced recompute, where counted whole (None: per_layer
+    # and the backward's temporaries, plan.memory)
+    traced_backward: float | None = None
 
     def saved_by_blocks(self, w: Workload) -> float:
         """Bytes every block keeps through one micro-batch's forward (what offload=activations copies)."""
@@ -226,6 +229,19 @@ def _math_attention_extra(w: Workload) -> float:
 
 
 
+def _traced_full_backward(w: Workload, kernel: str) -> float | None:
+    """A dense full fine-tune's block in its backward after its traced recompute, the last (backward's start) as the
+    first (its end): its MLP's rebuilt and gradient tensors (six of the MLP's width), seven of the hidden size and
+    two of the keys' width, and no next block's recompute begun beside them (benchmarks/probes/memory_probe.py
+    --peak-live: Llama-3.2-1B at 32k tokens a step, 3B and 3.1-8B at 16k)."""
+    if not (w.full and w.recompute_traced and w.checkpointed_share == 1) or w.experts or w.chunked_mlp \
+            or kernel == "math":
+        return None
+    s = w.spec
+    kv = (s.shape.get("num_key_value_heads") or s.num_heads) * s.head_dim
+    return w.compute_bytes * (6 * w.mlp_width + 7 * s.hidden_size + 2 * kv)
+
+
 def activations(w: Workload) -> Activations:
     block = _llama_block(w) if w.family == "llama" else _gpt2_block(w)
     block += _adapters(w)
@@ -252,4 +268,5 @@ def activations(w: Workload) -> Activations:
             "checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
             if share == 1 else "every block keeps its activations until backward" if share == 0 else
             f"checkpointing one block in {w.cfg.ckpt_every}: those keep their input, the others everything")
-    return Activations(block, kept, outside, kernel, note, final_norm, _expert_factors(w), routing(w))
+    return Activations(block, kept, outside, kernel, note, final_norm, _expert_factors(w), routing(w),
+                       _traced_full_backward(w, kernel))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from tunebench.config import BNB_OPTIMIZERS, PACKED_ELEMENTS
 from tunebench.plan.activations import Activations, activations
 from tunebench.plan.calibration import CAL
+from tunebench.plan.states import Item, experts_apart, model_weights, optimizer_state
 from tunebench.plan.workload import Workload
 
 LOGITS_PER_CHUNK = 1 << 26  # engine.loss: logits of one chunk
@@ -31,14 +32,6 @@ EVAL_CHUNK_FRACTION = 8  # engine.loss: evaluation's chunks are this fraction of
 OFFLOAD_RESIDENT_BLOCKS = 5
 GIB = 1 << 30
 DS_BUCKET = int(5e8)  # strategies.zero: reduce / all-gather / prefetch bucket size, elements
-OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}  # state per parameter
-
-
-@dataclass(frozen=True)
-class Item:
-    name: str
-    bytes: float
-    note: str = ""
 
 
 @dataclass
@@ -73,73 +66,6 @@ class MemoryPlan:
 
     def item(self, name: str) -> float:
         return sum(i.bytes for i in self.items if i.name == name)
-
-
-def _weights(w: Workload) -> list[Item]:
-    items = _own_weights(w)
-    if w.frozen_reference:  # copied as built (cast as DeepSpeed casts the policy), sharded as it is under FSDP2
-        shards = w.weights_sharded if w.collectives == "fsdp" else 1
-        copy = (w.compute_bytes if w.deepspeed else w.param_bytes) * w.counts.total / shards
-        items.append(Item("reference model", copy, "DPO's frozen copy" + (f", 1/{shards} shard" if shards > 1 else "")))
-    return items
-
-
-def _own_weights(w: Workload) -> list[Item]:
-    c, cb, n = w.counts, w.compute_bytes, w.counts.total
-    if w.full:
-        if w.deepspeed:
-            bf16 = 2 * n / (w.world if w.strategy.shards == "everything" else 1)
-            weights = [Item("weights", bf16, "bf16 copy DeepSpeed computes with")]
-            if not w.offloaded:  # offloaded, the masters live in host memory
-                weights.append(Item("master weights", 4 * n / w.sharded, "fp32, in DeepSpeed's optimizer"))
-            return weights
-        what = "bf16 weights, no master copy" if w.pure else "fp32 master weights"
-        return [Item("weights", w.param_bytes * n / w.sharded, what + (f", 1/{w.sharded} shard" if w.sharded > 1
-                                                                        else ""))]
-    adapters = Item("LoRA adapters", w.param_bytes * w.lora_params / w.sharded,
-                    f"{'bf16' if w.pure else 'fp32'}, rank {w.cfg.lora_rank}")
-    ws = w.weights_sharded
-    shard = f", 1/{ws} shard" if ws > 1 else ""
-    if w.cfg.method == "lora":
-        return [Item("weights", cb * n / ws, "frozen base in the compute dtype" + shard), adapters]
-    nb = c.block_linears
-    if w.cfg.double_quant:  # uint8 absmax per 64 weights, fp32 absmax per 256 of those
-        constants, how = nb / 64 + nb / 64 / 256 * 4, "double-quantized absmax"
-    else:
-        constants, how = nb / 64 * 4, "fp32 absmax per 64 weights"
-    return [Item("weights", nb / 2 / ws, f"{w.cfg.quant.upper()} block linears, 4 bits" + shard),
-            Item("quantization constants", constants, how + (", whole on every GPU" if ws > 1 else "")),
-            Item("weights (not quantized)", cb * (n - nb) / ws, "embeddings, norms, head in the compute dtype" + shard),
-            adapters]
-
-
-def _experts_apart(w: Workload, items: list[Item]) -> list[Item]:
-    """A mixture of experts' weights item as two: the experts' share (of the 4-bit block linears for QLoRA, of every
-    parameter otherwise), and the rest."""
-    c = w.counts
-    if not c.experts:
-        return items
-    out = []
-    for i in items:
-        if i.name != "weights":
-            out.append(i)
-            continue
-        share = c.experts / (c.block_linears if w.cfg.method == "qlora" else c.total)
-        out += [Item("weights", i.bytes * (1 - share), i.note + "; without the experts"),
-                Item("expert weights", i.bytes * share, f"{w.experts.count} experts in each of {w.experts.sparse} "
-                                                        f"blocks, {w.experts.active} per token")]
-    return out
-
-
-def _optimizer(w: Workload) -> tuple[float, float]:
-    """(allocator bytes, paged bytes) of the optimizer state on one GPU."""
-    if w.offloaded:
-        return 0.0, 0.0
-    per = OPTIMIZER_BYTES[w.cfg.optimizer]
-    if w.pure and w.cfg.optimizer in ("adamw", "adamw_fused"):  # torch's AdamW keeps its states in the params' dtype
-        per = per // 2
-    state = per * w.trainable / w.sharded
-    return (0.0, state) if w.cfg.optimizer == "paged_adamw_8bit" else (state, 0.0)
 
 
 def _grads(w: Workload) -> float:
@@ -222,14 +148,21 @@ def head_grad_kept(w: Workload) -> float:
     return 4 * w.counts.head if (w.head_trains and w.fused_head) else 0.0
 
 
-def _head_grad_held(w: Workload) -> float:
-    """FSDP's unsharded bf16 gradient of the root (the head's) waits for the end of backward to be reduced."""
-    return 2 * w.counts.head if (w.collectives == "fsdp" and w.head_trains and w.fused_head) else 0.0
+def _head_grad_held(w: Workload, first: bool) -> float:
+    """The head's gradient beside a block's backward: FSDP's unsharded bf16 one, to be reduced as backward ends; on
+    one GPU a full fine-tune's (its .grad, or autograd's buffer for a tied head: memory_probe.py --peak-live at 32k
+    tokens), which the first block's moment counts among every gradient."""
+    if w.collectives == "fsdp" and w.head_trains and w.fused_head:
+        return 2 * w.counts.head
+    return w.param_bytes * w.counts.head if w.strategy.one_process and w.full and not first else 0.0
 
 
 def _backward_temps(w: Workload, act: Activations, first: bool = False) -> float:
     """Gradient temporaries of the block being differentiated (and its rebuilt activations when checkpointed);
-    `first`: the first block's, differentiated last, whose traced backward holds that block alone."""
+    `first`: the first block's, differentiated last, whose traced backward holds that block alone. A dense full
+    fine-tune's after its traced recompute: what the probes found alive, counted whole (activations)."""
+    if act.traced_backward is not None:
+        return w.tokens * act.traced_backward
     s = w.spec
     inner = w.mlp_width
     # the MLP's input gradients; chunked, one chunk's forward rebuilt beside them (gate, up, their product, SiLU's)
@@ -263,7 +196,7 @@ def _fsdp_backward_end(w: Workload) -> float:
 
 def _block_in_backward(w: Workload, act: Activations, first: bool = False) -> float:
     """A block's backward temporaries and FSDP2's waiting head gradient, the final norm's saved tensors gone."""
-    return _head_grad_held(w) + _backward_temps(w, act, first) - w.tokens * act.final_norm
+    return _head_grad_held(w, first) + _backward_temps(w, act, first) - w.tokens * act.final_norm
 
 
 def _first_block_last(w: Workload, act: Activations) -> float:
@@ -344,8 +277,8 @@ def _weight_casts(w: Workload) -> float:
 
 def memory(w: Workload) -> MemoryPlan:
     act = activations(w)
-    weights, working = _experts_apart(w, _weights(w)), _working(w)
-    opt, paged = _optimizer(w)
+    weights, working = experts_apart(w, model_weights(w)), _working(w)
+    opt, paged = optimizer_state(w)
     grads = _grads(w)
     kept_loss, loss_transient, loss_backward = _loss(w)
     saved = act.saved_by_blocks(w)

@@ -86,7 +86,8 @@ def memory_table(p: Prediction) -> Table:
         tab.add(item.name, gib(item.bytes, unit=""), item.note)
     a = m.activations
     tab.add("  per block", gib(a.kept_per_layer * p.cfg.rows_per_micro * p.cfg.seq_len, ".3f", ""),
-            f"{fmt(a.kept_per_layer, ',.0f')} bytes/token kept ({fmt(a.per_layer, ',.0f')} during its backward), "
+            f"{fmt(a.kept_per_layer, ',.0f')} bytes/token kept ({fmt(a.traced_backward or a.per_layer, ',.0f')} "
+            "during its backward), "
             f"{a.attention} attention")
     if a.routing:
         tab.add("  routing", gib(a.routing * p.cfg.rows_per_micro * p.cfg.seq_len, ".3f", ""),
