@@ -7,7 +7,8 @@
 #   ONLY=sweep|compare  one half only;  OUT  outputs and the results store (/tmp/tunebench-out)
 #   dpo-head: BEFORE (a tarball of an earlier src/), CONFIGS, PROFILE=0 (the A/B without the profile), EXTRA (more
 #     arguments for every run, e.g. a strategy)
-#   dpo-reference-graph: JOBS=0 (the probe without the whole jobs); dpo-frozen-graph: BEFORE (as dpo-head's)
+#   dpo-reference-graph: JOBS=0 (the probe without the whole jobs); dpo-frozen-graph: BEFORE (as dpo-head's);
+#   dpo-reference-2gpu: NPROC (2), MATCH=0 (the runs without the Gemma-2 probe)
 #   SEQ, BATCH, STEPS, WARMUP  laid over every configuration of the sweep (--set) and the comparisons; NPROC: the
 #   comparisons' GPUs (each suite names its own)
 #   families: MODELS (qwen3-8b), METHODS (lora qlora), TARGETS (all-linear), CHECKS (family_checks.py's; none),
@@ -231,9 +232,10 @@ dpo-reference-2gpu)  # the first DPO losses on two GPUs (Llama-3.2-1B s1024 chec
   for m in "lora fsdp 4" "lora ddp 4" "full zero2 2" "full fsdp 2"; do
     set -- $m
     planned_then_run "$*" --model llama-3.2-1b --method $1 --objective dpo --grad-ckpt --strategy $2 \
-      --nproc-per-node 2 $(shape 1024 "$3" 8 3)
+      --nproc-per-node "${NPROC:-2}" $(shape 1024 "$3" 8 3)
   done | tee "$OUT/$topic.txt"
   tb results export --format jsonl -o "$OUT/$topic.jsonl" > /dev/null
+  [ "${MATCH:-1}" = 1 ] || exit 0  # MATCH=0: the runs alone
   gemma=$(gemma4) || exit 1
   python3 benchmarks/probes/reference_match.py --model "$gemma" --method full 2>/dev/null | tee "$OUT/$topic-match.txt" ;;
 fsdp-pure-reduce)  # Qwen3-30B-A3B full FSDP2 bf16-pure on NPROC GPUs (4), s4096 checkpointed: fp32 reduce-scatter
