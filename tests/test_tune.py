@@ -179,13 +179,15 @@ def test_a_context_search_on_a_gpu_tries_the_mlp_in_chunks_and_the_inputs_offloa
 
 
 def test_a_context_tune_on_the_cpu_writes_the_longest_that_trained(tb, tmp_path):
-    code, stdout, err = _tune(tb, tmp_path / "t.db", tmp_path / "tune", "--goal", "context", "--max-runs", "2")
+    """`--objective context` is `--goal context` (a training objective is sft, dpo, simpo or orpo)."""
+    code, stdout, err = _tune(tb, tmp_path / "t.db", tmp_path / "tune", "--objective", "context", "--max-runs", "2")
     assert code == 0, err
     s = json.loads(stdout)
     lengths = [m["config"]["seq_len"] for m in s["measured"]]
     assert lengths[0] == 64 and all(b <= 4 * max(lengths[:i + 1]) for i, b in enumerate(lengths[1:]))
     assert s["best"]["config"]["seq_len"] == max(lengths) > 64
-    assert yaml.safe_load((tmp_path / "tune" / "best.yaml").read_text())["seq_len"] == max(lengths)
+    best = yaml.safe_load((tmp_path / "tune" / "best.yaml").read_text())
+    assert best["seq_len"] == max(lengths) and best.get("objective", "sft") == "sft" and s["objective"] == "context"
 
 
 def test_a_cpu_tune_leaves_out_what_only_pays_on_a_gpu():
@@ -299,6 +301,8 @@ def test_tune_measures_stores_and_writes_the_best(tb, tmp_path):
     (("--max-minutes", "0"), "invalid max_minutes=0: the budget must be a finite number of minutes above zero"),
     (("--max-minutes", "inf"), "invalid max_minutes=inf: the budget must be a finite number of minutes"),
     (("--goal", "speed"), "invalid goal=speed: choose from throughput, cost, memory"),
+    (("--objective", "context", "--goal", "memory"), "invalid objective=context: it names the tune's goal, and"),
+    (("--objective", "speed"), "invalid objective=speed: Input should be 'sft', 'dpo', 'simpo' or 'orpo'"),
     (("--goal", "cost"), "goal cost needs a price per GPU-hour for this machine (no GPU)"),
     (("--fixed", "compile,colour"), "invalid fixed=colour: choose from strategy, checkpointing"),
     (("--resume", "tune-nothing"), "no tune with id 'tune-nothing'"),

@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 from tunebench import __version__
+from tunebench.commands.tune import GOAL_DEFAULT
 from tunebench.config import EvalConfig, HwConfig, InferConfig, LoadConfig
 from tunebench.errors import UserError
 from tunebench.flags import Parser, add_config_flags, add_data_flags, add_run_options, add_train_options
@@ -59,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "runs decide; writes best.yaml (for run and train) and the Pareto front")
     tu.add_argument("config", nargs="?", help="YAML run config (the baseline); flags override its keys")
     add_config_flags(tu)
-    tu.add_argument("--goal", default="throughput", help="throughput (tokens/s), cost ($ per 1M tokens, from the "
-                                                          "price sheet), memory (peak per GPU) or context (the longest "
-                                                          "sequence that trains at the batch size)")
+    tu.add_argument("--goal", default=GOAL_DEFAULT,
+                    help="throughput (tokens/s), cost ($ per 1M tokens, from the price sheet), memory (peak per GPU) "
+                         "or context (the longest sequence that trains at the batch size); --objective takes these "
+                         "words too")
     tu.add_argument("--max-runs", type=int, help="at most this many runs, the baseline included (default 12; with "
                                                  "--resume: raises the stored budget)")
     tu.add_argument("--max-minutes", type=float, help="stop starting runs after this many minutes (default 60; with "

@@ -8,6 +8,8 @@ import json
 from tunebench.errors import UserError
 from tunebench.flags import config_from
 
+GOAL_DEFAULT = "throughput"
+
 
 def _ints(text: str | None, what: str) -> tuple[int, ...]:
     if not text:
@@ -29,6 +31,17 @@ def _names(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str, 
     return names
 
 
+def _goal_named_as_objective(args: argparse.Namespace, goals: tuple[str, ...]) -> None:
+    """`--objective context` (throughput, cost, memory) is the tune's goal: a training objective is sft, dpo, simpo
+    or orpo, so the two sets of words never meet; the config's objective then stays its default."""
+    named = getattr(args, "objective", None)
+    if named not in goals:
+        return
+    if args.goal not in (GOAL_DEFAULT, named):
+        raise UserError(f"invalid objective={named}: it names the tune's goal, and --goal says {args.goal}")
+    args.goal, args.objective = named, None
+
+
 def settings_from(args: argparse.Namespace):
     from typing import get_args
 
@@ -37,6 +50,7 @@ def settings_from(args: argparse.Namespace):
     from tunebench.tune import OBJECTIVES, Space
     from tunebench.tune.space import CHECKPOINTING, LEVERS
 
+    _goal_named_as_objective(args, OBJECTIVES)
     base = config_from(args)
     if args.goal not in OBJECTIVES:
         raise UserError(f"invalid goal={args.goal}: choose from {', '.join(OBJECTIVES)}")
