@@ -413,6 +413,18 @@ def test_refusals(tb, argv, needle):
     assert code == 2 and needle in err
 
 
+def test_gamma_is_simpo_gamma_in_a_config_file(tb, tmp_path):
+    """SimPO's paper calls its margin gamma, TRL simpo_gamma: a config file may say either, not both apart."""
+    from tunebench.config import load_config
+
+    path = tmp_path / "simpo.yaml"
+    path.write_text("model: tiny-llama\nobjective: simpo\nbeta: 2.0\ngamma: 1.2\n")
+    assert load_config(path).simpo_gamma == 1.2
+    path.write_text("model: tiny-llama\nobjective: simpo\ngamma: 1.2\nsimpo_gamma: 0.5\n")
+    code, _, err = tb("plan", str(path), "--gpu", "H100")
+    assert code == 2 and "gamma=1.2 and simpo_gamma=0.5 are one setting" in err
+
+
 def test_sft_data_or_objective_mismatch_is_one_line(tb, local, tmp_path):
     code, _, err = tb("train", "--model", str(local / "model"), "--data", str(local / "pairs.jsonl"), "--device",
                       "cpu", "--seq-len", "32", "--output-dir", str(tmp_path / "o"), "--no-store")

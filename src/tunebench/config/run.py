@@ -115,7 +115,8 @@ class RunConfig(BaseModel):
                                    json_schema_extra=LATER)
     dpo_loss: Literal["sigmoid", "ipo"] = Field("sigmoid", description="dpo: sigmoid, or IPO's squared loss",
                                                 json_schema_extra=LATER)
-    simpo_gamma: float = Field(0.5, ge=0, description="simpo: the target reward margin", json_schema_extra=LATER)
+    simpo_gamma: float = Field(0.5, ge=0, description="simpo: the target reward margin (`gamma` names it too)",
+                               json_schema_extra=LATER)
     precompute_reference: bool = Field(False, description="dpo: the reference's log-probabilities computed before "
                                                           "training", json_schema_extra=LATER)
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the weights, the adapters and the data",
@@ -158,6 +159,18 @@ class RunConfig(BaseModel):
         if not v or any(not t.strip() or t != t.strip() for t in v):
             raise ValueError("every target must be a module name such as q_proj (or all-linear)")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gamma(cls, data: Any) -> Any:
+        """`gamma`, SimPO's name for its margin, is `simpo_gamma` (TRL's name, and this config's)."""
+        if not isinstance(data, dict) or data.get("gamma") is None:
+            return data
+        gamma, rest = data["gamma"], {k: v for k, v in data.items() if k != "gamma"}
+        if rest.get("simpo_gamma") is not None and rest["simpo_gamma"] != gamma:
+            raise ValueError(f"gamma={gamma} and simpo_gamma={rest['simpo_gamma']} are one setting (SimPO's margin): "
+                             "give one")
+        return rest | {"simpo_gamma": gamma}
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
