@@ -104,7 +104,7 @@ class Calibration:
                                  "bytes (NVML used - reserved)", "GPU runs: one process, NCCL, NCCL x N")
     reserve_floor_bytes: float = fitted(0.25 * 2**30, "bytes", "the allocator's smallest reserve seen")
     graph_reserve_bytes: float = fitted(0.75 * 2**30, "bytes", "CUDA-graph runs' reserved beyond allocated")
-    traced_extra_blocks: float = fitted(1.25, "blocks of activations", "Mistral-7B LoRA and QLoRA runs")
+    traced_extra_blocks: float = fitted(1.25, "blocks of activations (LoRA, QLoRA)", "Mistral-7B LoRA and QLoRA runs")
     cuda_graph_pool_slack: float = fitted(0.15 * 2**30, "bytes", "GPT-2 small's CUDA graph pools")
     graph_pool_own_gradients: float = fitted(0.75, "share of the gradients", "Llama-3.2-1B and GPT-2 medium pools")
 

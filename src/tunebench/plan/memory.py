@@ -174,9 +174,10 @@ def _backward_temps(w: Workload, act: Activations, first: bool = False) -> float
     if w.checkpointed_share:
         temps += w.tokens * act.per_layer + act.per_block
     if w.recompute_traced and w.recomputed_share:
-        # a dense block's traced backward holds more than the one block it rebuilds (the next one's recompute
-        # begun), but for the first block's, the last; a sparse block's holds that block alone beside its
-        # dequantized experts (benchmarks/probes/memory_probe.py --peak-live shows it)
+        # an adapted dense block's traced backward holds more than the one block it rebuilds (the next one's
+        # recompute begun), but for the first block's, the last; a sparse block's holds that block alone beside its
+        # dequantized experts (benchmarks/probes/memory_probe.py --peak-live shows it); a full fine-tune's dense
+        # block is counted whole above (activations: no next block begun there)
         sparse = w.experts.sparse / w.layers if w.experts else 0.0
         temps += 0.0 if first else CAL.traced_extra_blocks * (1 - sparse) * w.tokens * act.per_layer
         # QLoRA's block weights rebuilt for its backward: bf16, or e4m3 with a frozen float8 base (not measured)
