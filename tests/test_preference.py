@@ -7,6 +7,7 @@ base; a resumed job equals an uninterrupted one; packed pairs give the loss of p
 template's tokens, trained on the last answer only, with damaged rows counted.
 """
 
+import contextlib
 import json
 import random
 import types
@@ -16,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import COUNTING, cli_subprocess, counting_model
+from conftest import COUNTING, cli_subprocess, counting_model, free_port
 from tunebench.cli import main
 
 CHATML = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
@@ -541,20 +542,35 @@ def test_compiled_reference_is_the_policys_own_graph_with_its_adapters_scaled_by
         assert not torch.equal(lm._logps(unwrap(lm.model), *batch)[0].sums.detach(), reference)
 
 
-def test_compiled_frozen_copy_runs_the_policys_own_graph(tmp_path, no_codegen):
+@contextlib.contextmanager
+def _one_rank_group(monkeypatch):
+    """A gloo process group of one rank in this process, for what FSDP2 shards (taken down after)."""
+    import torch.distributed as dist
+
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port())), ("RANK", "0"),
+                       ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(key, value)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("strategy", ["single", "fsdp"])
+def test_compiled_frozen_copy_runs_the_policys_own_graph(tmp_path, no_codegen, monkeypatch, strategy):
     """Compiled full DPO: the frozen copy runs the policy's compiled graph (its blocks' recompute traced as the
-    policy's, in training's grad and train mode, nothing saved), not one of its own without gradients, whose fusions
-    rounded apart from the policy's on Gemma-2's shape (the GPU's figures: benchmarks/results/preference.md); so does
-    the model itself where the reference is precomputed. The graphs are traced and partitioned as compiled, without
-    inductor's code generation: what is checked is that no second graph exists. At the start the loss is log 2; a
-    backward reaches the policy alone."""
+    policy's, in training's grad and train mode, nothing saved; under FSDP2 sharded as the policy), not one of its
+    own without gradients, whose fusions rounded apart from the policy's on Gemma-2's shape (the GPU's figures:
+    benchmarks/results/preference.md); so does the model itself where the reference is precomputed. The graphs are
+    traced and partitioned as compiled, without inductor's code generation: what is checked is that no second graph
+    exists. At the start the loss is log 2; a backward reaches the policy alone."""
     from torch._dynamo.utils import counters
     from transformers import Gemma2Config
 
     from tunebench.config import RunConfig
     from tunebench.dist import DistContext
     from tunebench.engine.data import SyntheticPairs
-    from tunebench.engine.model import unwrap
     from tunebench.engine.step import autocast, kernel_settings
     from tunebench.run_preflight import preflight
     from tunebench.runner import Outcome, build_trainable
@@ -563,28 +579,28 @@ def test_compiled_frozen_copy_runs_the_policys_own_graph(tmp_path, no_codegen):
                  num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=128, sliding_window=32,
                  query_pre_attn_scalar=32).save_pretrained(tmp_path)
     cfg = RunConfig(model=str(tmp_path), method="full", objective="dpo", batch_size=2, seq_len=64, compile=True,
-                    grad_ckpt=True, precision="bf16", device="cpu")
-    plan = preflight(cfg)
-    t = build_trainable(plan, Outcome(), DistContext())
-    lm, batch = t.module, SyntheticPairs(plan.spec.vocab_size, 2, 64, plan.device, 0).next()[:4]
-    copy = lm._reference[0].model
-    torch._dynamo.reset()  # graphs compiled by an earlier test of the same blocks' code would be reused
-    counters.clear()
-    with kernel_settings(plan.cfg, plan.device), autocast(plan.cfg, plan.device):
-        reference = lm.reference_logps(*batch)
-        graphs = counters["stats"]["unique_graphs"]
-        policy = lm._logps(unwrap(lm.model), *batch)[0].sums
-        assert counters["stats"]["unique_graphs"] == graphs > 0  # the policy's pass compiled nothing new
-        assert torch.equal(policy.detach(), reference) and not reference.requires_grad
-        loss = lm(*batch)
-        assert float(loss.detach()) == pytest.approx(np.log(2), abs=1e-7)
-        loss.backward()
-        assert all(p.grad is None for p in copy.parameters())
-        assert all(p.grad is not None for p in lm.model.parameters() if p.requires_grad)
-        lm._reference.clear()  # precomputing: the model itself, before it trains, in training's graph
-        lm.mode = "reference"
-        with torch.no_grad():
-            assert torch.equal(lm(*batch), reference) and counters["stats"]["unique_graphs"] == graphs
+                    grad_ckpt=True, precision="bf16", device="cpu", strategy=strategy)
+    group = _one_rank_group(monkeypatch) if strategy == "fsdp" else contextlib.nullcontext()
+    with group:
+        plan = preflight(cfg)
+        t = build_trainable(plan, Outcome(), DistContext())
+        lm, batch = t.module, SyntheticPairs(plan.spec.vocab_size, 2, 64, plan.device, 0).next()[:4]
+        copy = lm._reference[0].model
+        torch._dynamo.reset()  # graphs compiled by an earlier test of the same blocks' code would be reused
+        counters.clear()
+        with kernel_settings(plan.cfg, plan.device), autocast(plan.cfg, plan.device):
+            reference = lm.reference_logps(*batch)
+            graphs = counters["stats"]["unique_graphs"]
+            loss = lm(*batch)
+            assert counters["stats"]["unique_graphs"] == graphs > 0  # the policy's pass compiled nothing new
+            assert float(loss.detach()) == pytest.approx(np.log(2), abs=1e-7) and not reference.requires_grad
+            loss.backward()
+            assert all(p.grad is None for p in copy.parameters())
+            assert all(p.grad is not None for p in lm.model.parameters() if p.requires_grad)
+            lm._reference.clear()  # precomputing: the model itself, before it trains, in training's graph
+            lm.mode = "reference"
+            with torch.no_grad():
+                assert torch.equal(lm(*batch), reference) and counters["stats"]["unique_graphs"] == graphs
 
 
 def test_answer_sums_are_index_adds_in_one_order_with_empty_slots_and_gradients():

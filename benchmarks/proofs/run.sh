@@ -7,7 +7,8 @@
 #   ONLY=sweep|compare  one half only;  OUT  outputs and the results store (/tmp/tunebench-out)
 #   dpo-head: BEFORE (a tarball of an earlier src/), CONFIGS, PROFILE=0 (the A/B without the profile), EXTRA (more
 #     arguments for every run, e.g. a strategy)
-#   dpo-reference-graph: JOBS=0 (the probe without the whole jobs); dpo-frozen-graph: BEFORE (as dpo-head's);
+#   dpo-reference-graph: JOBS=0 (the probe without the whole jobs); dpo-frozen-graph: BEFORE (as dpo-head's),
+#     EXTRA (as dpo-head's), PROBE=0 (the jobs alone);
 #   dpo-reference-2gpu: NPROC (2), MATCH=0 (the runs without the Gemma-2 probe)
 #   SEQ, BATCH, STEPS, WARMUP  laid over every configuration of the sweep (--set) and the comparisons; NPROC: the
 #   comparisons' GPUs (each suite names its own)
@@ -215,11 +216,11 @@ dpo-frozen-graph)  # a full fine-tune's frozen DPO reference through the policy'
   fi
   for side in "${sides[@]}"; do
     src=$PWD/src; [ $side = before ] && src=/tmp/before/src
-    echo "$side"; PYTHONPATH=/tmp/site:$src python3 benchmarks/probes/reference_match.py --model "$gemma" --method full \
-      2>/dev/null
+    echo "$side"; [ "${PROBE:-1}" = 1 ] && PYTHONPATH=/tmp/site:$src python3 benchmarks/probes/reference_match.py \
+      --model "$gemma" --method full 2>/dev/null
     for ckpt in "" --grad-ckpt; do
       PYTHONPATH=/tmp/site:$src python3 -m tunebench.cli run --model "$gemma" --method full --objective dpo $ckpt \
-        $(shape 1024 4 8 3) --tag "$topic-$side" --json 2>/dev/null | python3 -c 'import json, sys; r = json.load(sys.stdin)
+        $(shape 1024 4 8 3) ${EXTRA:-} --tag "$topic-$side" --json 2>/dev/null | python3 -c 'import json, sys; r = json.load(sys.stdin)
 m = r["metrics"] or {}; print(*sys.argv[1:], r["status"], round(m.get("tokens_per_s", 0)),
       round((m.get("peak_mem_allocated_bytes") or 0) / 2**30, 2), "GiB", (m.get("losses") or [None])[:3], r["error"])' \
         "$side" "${ckpt:-no-ckpt}"

@@ -43,7 +43,6 @@ class Compiles(Protocol):
     one_process: bool  # exactly one process
     whole_compile: bool  # the model and its loss can be one graph
     gathers_per_module: bool  # parameters exist only inside their own module's forward (fetched there)
-    shards: str  # what it splits over its processes: "nothing", "states" or "everything"
 
 
 def precision_for(device_type: str) -> str:
@@ -109,11 +108,11 @@ def traces_whole_checkpoint(cfg: RunConfig, strategy: Compiles) -> bool:
 def reference_in_policy_graph(cfg: RunConfig, strategy: Compiles) -> bool:
     """A resolved DPO config's reference runs the policy's compiled forward, in its grad and train mode with nothing
     saved: LoRA or QLoRA with compiled blocks, the adapters scaled by zero (methods.adapter_gate) rather than peft's
-    adapters disabled; a full fine-tune's frozen copy (or, precomputing, the model itself), its blocks prepared as
-    the policy's, where the copy is whole (a sharded copy's gathers run in hooks that expect a backward)."""
+    adapters disabled; a full fine-tune's frozen copy (or, precomputing, the model itself), its blocks prepared and
+    sharded as the policy's (not under ZeRO-3, whose copy is never built)."""
     if cfg.objective != "dpo" or compile_scope(cfg, strategy) != "blocks":
         return False
-    return cfg.method != "full" or strategy.shards != "everything"
+    return cfg.method != "full" or not strategy.gathers_per_module
 
 
 def check_cuda_graphs(cfg: RunConfig, strategy: Compiles) -> None:

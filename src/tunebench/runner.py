@@ -238,7 +238,7 @@ def reference_model(frozen, cfg: RunConfig, strategy: Strategy, device: torch.de
         shard_frozen(holder, blocks, cfg, device, world_size)
         if isinstance(frozen, MetaBuild):
             frozen.materialize(holder, device, cfg.seed)
-        model.requires_grad_(False)
+        model.requires_grad_(in_graph)
     if scope == "blocks":
         for block in blocks:
             block.compile()

@@ -163,8 +163,10 @@ class FrozenReference(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, fn: Callable, *args):
-        return fn(self.model, *args)
+    def forward(self, fn: Callable, *args) -> torch.Tensor:
+        # detached here, inside the sharding's hooks: run with gradients on (the policy's graph) no pre-backward hook
+        # is registered on an output no backward will reach
+        return fn(self.model, *args).detach()
 
 
 class PreferenceLM(nn.Module):
