@@ -175,8 +175,8 @@ class PreferenceLM(nn.Module):
     `reference`: DPO's frozen copy (full fine-tuning without precomputed log-probabilities), kept in a list so that
     it is no submodule of what the strategy wraps, shards and checkpoints; None where the adapters disabled are the
     reference, or where it is precomputed, or for the reference-free objectives. `gate`: the adapters scaled by zero
-    are the reference (compiled blocks), rather than peft's adapters disabled. `in_graph`: the reference runs the
-    policy's compiled graphs (choices.reference_in_policy_graph), in the caller's grad mode with nothing saved."""
+    are the reference (compiled blocks), rather than peft's adapters disabled; given with `in_graph`: the reference
+    runs the policy's compiled graphs (choices.reference_in_policy_graph), in the caller's grad mode, nothing saved."""
 
     def __init__(self, model: nn.Module, vocab_size: int, preference: Preference, fuse_head: bool = True,
                  per_row: int = 1, reference: FrozenReference | None = None, gate: AdapterGate | None = None,
@@ -184,7 +184,7 @@ class PreferenceLM(nn.Module):
         super().__init__()
         self.model = model
         self._gate = gate
-        self.in_graph = in_graph or gate is not None
+        self.in_graph = in_graph
         self.vocab_size = vocab_size
         self.preference = preference
         self.fuse_head = fuse_head
