@@ -50,6 +50,13 @@ def no_codegen(monkeypatch):
     monkeypatch.setattr(torch, "compile", compile)
 
 
+def no_codegen_env() -> dict[str, str]:
+    """The environment for a subprocess whose ranks compile as `no_codegen` does in-process (the folder's
+    sitecustomize replaces torch.compile at each process's start)."""
+    site = str(Path(__file__).parent / "no_codegen_site")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)}
+
+
 _cpu_adam_build: subprocess.Popen | None = None
 
 

@@ -54,8 +54,11 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: run on o
 
 @pytest.mark.parametrize("model,device", [("tiny-llama", "cpu"), pytest.param("tiny-llama", "cuda", marks=GPU),
                                           pytest.param("tinygpt-124m", "cuda", marks=GPU)])
-def test_whole_model_compile_trains_as_eager(model, device):
-    """Embeddings, blocks, norm and the fused loss in one graph: the same losses as eager, step by step."""
+def test_whole_model_compile_trains_as_eager(model, device, request):
+    """Embeddings, blocks, norm and the fused loss in one graph: the same losses as eager, step by step (on a GPU
+    through inductor's code; on the CPU the graph as traced and partitioned, without its code generation)."""
+    if device == "cpu":
+        request.getfixturevalue("no_codegen")
     cfg = RunConfig(model=model, method="full", steps=4, warmup=1, seq_len=32, batch_size=2, lr=3e-3,
                     device=device, precision="fp32", telemetry=False, dropout=0.0)
     eager = run(cfg if device == "cpu" else cfg.model_copy(update={"compile": False}))

@@ -497,12 +497,13 @@ def test_the_frozen_reference_computes_in_the_dtype_the_policy_does(strategy, pr
     assert copy == dtype.itemsize * plan.workload.counts.total
 
 
-def test_compiled_reference_is_the_policys_own_graph_with_its_adapters_scaled_by_zero(tmp_path):
+def test_compiled_reference_is_the_policys_own_graph_with_its_adapters_scaled_by_zero(tmp_path, no_codegen):
     """Compiled LoRA DPO: the reference runs the policy's graph (methods.adapter_gate), not one of its own without
     gradients or adapters, whose fusions rounded apart from the policy's and, on Gemma-2's shape (scaled embeddings,
     soft caps), moved the first loss from log 2. At the start (B = 0) the policy is its reference bit for bit and the
     loss is log 2; with B trained the reference does not move; it keeps no gradient. The adapters' dropout on: it
-    does not reach adapters scaled by zero, so the reference needs no eval mode (another graph)."""
+    does not reach adapters scaled by zero, so the reference needs no eval mode (another graph). Traced and
+    partitioned without inductor's code generation: the graphs' count is what tells one graph from two."""
     from torch._dynamo.utils import counters
     from transformers import Gemma2Config
 

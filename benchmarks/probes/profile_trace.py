@@ -2,8 +2,10 @@
 
     PROFILE_TRACE=trace.json python benchmarks/probes/profile_trace.py --model mistral-7b --method qlora \\
         --seq-len 512 --batch-size 8 --no-grad-ckpt --optimizer paged_adamw_8bit
-    python benchmarks/probes/profile_trace.py --gaps trace.json   # the GPU's idle time, by the host op it waited on
+    python benchmarks/probes/profile_trace.py --gaps trace.json   # the GPU's idle time, by the host op it waited on,
+                                                                  # and the host's CUDA calls
     python benchmarks/probes/profile_trace.py --host --model tinygpt-124m --seq-len 512 --batch-size 1  # the host
+    (HOST_CPROFILE=0: the step's times without the Python profile after them)
 
 Any `tunebench run` option is taken (RunConfig's fields). The step is built from the runner's pieces as `run` builds
 it (vs_plain_gpt._our_step); 3 steps run first, then 5 are profiled.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -54,9 +57,19 @@ def gaps(path: str, top: int = 25) -> None:
             total += gap
         end = max(end, k["ts"] + k["dur"])
     span = end - kernels[0]["ts"]
-    print(f"GPU idle in gaps over {GAP_US} us: {total / 1e3:.1f} ms of {span / 1e3:.1f} ms traced")
+    busy = sum(k["dur"] for k in kernels)
+    print(f"GPU idle in gaps over {GAP_US} us: {total / 1e3:.1f} ms of {span / 1e3:.1f} ms traced; "
+          f"{len(kernels)} kernels and copies, busy {busy / 1e3:.1f} ms")
     for name, us in sorted(charged.items(), key=lambda kv: -kv[1])[:top]:
         print(f"{us / 1e3:9.2f} ms  {name}")
+    # the host's own calls into CUDA: two processes of one configuration compared call by call say whether the
+    # host itself ran slower (every call longer) or waited (its synchronizations longer)
+    calls: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.get("cat") in LAUNCHES and e.get("ph") == "X":
+            calls[e["name"]] += e["dur"]
+    print("host's CUDA calls: " + ", ".join(f"{name} {us / 1e3:.1f} ms" for name, us in
+                                             sorted(calls.items(), key=lambda kv: -kv[1])[:8]))
 
 
 def host(step, steps: int = 20, top: int = 25) -> None:
@@ -84,6 +97,8 @@ def host(step, steps: int = 20, top: int = 25) -> None:
     wall = time.perf_counter() - t0
     print(f"{wall / steps * 1e3:.2f} ms a step, host issued it in {issued / steps * 1e3:.2f} ms "
           f"(the GPU's span {start.elapsed_time(end) / steps:.2f} ms)")
+    if os.environ.get("HOST_CPROFILE") == "0":  # the step's times alone
+        return
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
