@@ -168,8 +168,9 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
         whole = whole or math_fp32
         rebuilt = r.created_at < EXPERT_ADAPTERS_GROUPED_SINCE and any(t.kind == "experts" for t in wl.targets)
         whole = whole or rebuilt
-        # float8's memory is predicted as bf16's (plan says so): its tokens/s held to the goal, its memory shown
-        float8 = r.config.get("float8", "off") != "off"
+        # a frozen float8 base's memory is predicted as bf16's (plan says so): its tokens/s held to the goal, its memory
+        # shown; a full fine-tune's float8 blocks are counted (plan.activations)
+        float8 = r.config.get("float8", "off") != "off" and r.config["method"] != "full"
         # ZeRO-3 with QLoRA: the memory of DeepSpeed's gathering of the packed 4-bit base is not modelled (plan
         # says so); its speed is
         zero3_qlora = r.config.get("strategy") == "zero3" and r.config["method"] == "qlora"
@@ -217,7 +218,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
                      f"{'  (not modelled: whole-model compile, padded GPT-2 loss still eager)' if whole and not before and not math_fp32 and not rebuilt else ''}"
                      f"{'  (LoRA on the experts through peft rebuilt weights then)' if rebuilt else ''}"
                      f"{'  (QLoRA under ZeRO-3: memory not modelled)' if zero3_qlora else ''}"
-                     f"{'  (float8: memory predicted as bf16)' if float8 else ''}"
+                     f"{'  (a frozen float8 base: memory predicted as bf16)' if float8 else ''}"
                      f"{'  (CUDA graphs: their pools left out of the memory measured)' if uncounted else ''}"
                      f"{'  (evaluated beside CUDA graphs before evaluation was made lean)' if lean else ''}"
                      f"{f'  ({missed}; open)' if missed else ''}")
@@ -228,7 +229,7 @@ def test_predictions_against_every_gpu_record(capsys, monkeypatch, request):
             print(f"\nplanner vs {len(runs)} GPU runs in tests/data/planner: peak memory within 5% on {within_mem} of "
                   f"{len(mem_err)}, tokens/s within 15% on {within_tps} of {len(tps_err)} ({cold} short tune trials and "
                   f"{apart} whole-model compiled, eager-padded-loss GPT-2, earlier QLoRA-keeping-matmuls and fp32 "
-                  "math-kernel runs shown apart; float8 and ZeRO-3 QLoRA memory too)")
+                  "math-kernel runs shown apart; a frozen float8 base's and ZeRO-3 QLoRA's memory too)")
             print("\n".join(lines))
     assert max(mem_err) <= 0.12, "a memory prediction is off by more than 12%"
     assert within_mem >= 0.9 * len(mem_err)
@@ -378,6 +379,44 @@ def test_fp32_compiled_activations_match_what_autograd_saves(tmp_path, monkeypat
         saved.append(sum(kept.values()) / ids.numel())
     cfg = RunConfig(model=path, precision="fp32", compile=True, compile_scope="model", seq_len=128, dropout=0.0)
     assert activations(workload(cfg, 1)).per_layer == pytest.approx(saved[1] - saved[0], rel=0.01)
+
+
+def test_float8_blocks_keep_float8_copies_where_bf16_kept_bf16(tmp_path, no_codegen):
+    """A full fine-tune's compiled Llama block with torchao's float8 linears (on the CPU through torch's _scaled_mm)
+    keeps fewer bytes a token than bf16's, by what plan.activations counts: the partitioner's float8 copies where
+    bf16's were (bf16 weights, as FSDP2 gathers them)."""
+    from tunebench.engine.model import CausalLMWithLoss
+    from tunebench.models import resolve_model
+    from tunebench.models.build import Weights, build
+    from tunebench.models.float8 import to_float8
+
+    def kept_per_token(layers: int, float8: str) -> float:
+        torch._dynamo.reset()
+        model, _ = build(resolve_model(_tiny_model_dir(tmp_path / f"{float8}{layers}", "llama", layers)),
+                         Weights(dtype=torch.bfloat16), torch.device("cpu"))
+        if float8 != "off":
+            to_float8(model, float8, fsdp_all_gather=False)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        kept: dict[int, int] = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.randint(0, 512, (2, 128), generator=torch.Generator().manual_seed(0))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            torch.compile(CausalLMWithLoss(model.train(), 512))(ids, ids)
+        return sum(kept.values()) / ids.numel()
+
+    fewer = [kept_per_token(2, f) - kept_per_token(1, f) for f in ("off", "tensorwise")]
+    path = _tiny_model_dir(tmp_path / "plan", "llama", 2)
+    bf16, f8 = (activations(workload(RunConfig(model=path, method="full", precision="bf16", compile=True, float8=f,
+                                                compile_scope="blocks", seq_len=128), 1))
+                for f in ("off", "tensorwise"))
+    assert f8.float8_fewer == 3 * 256 + 2 * 704 and bf16.float8_fewer == 0
+    assert bf16.per_layer - f8.per_layer == f8.float8_fewer
+    assert fewer[0] - fewer[1] == pytest.approx(f8.float8_fewer, rel=0.02)
 
 
 @pytest.mark.parametrize("autocast", [True, False])

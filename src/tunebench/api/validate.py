@@ -140,8 +140,8 @@ def _check(rec: ResultRecord, hw: dict[gpus.Gpu, list[tuple[str, dict]]], fitted
         c.mem_error = p.mem.peak_allocated / m.peak_mem_allocated_bytes - 1
     if m.tokens_per_s:
         c.tps_error = p.tokens_per_s / m.tokens_per_s - 1
-    if rec.config.get("float8", "off") != "off":
-        c.note = "float8: memory predicted as bf16's"
+    if rec.config.get("float8", "off") != "off" and rec.config.get("method") != "full":
+        c.note = "a frozen float8 base: memory predicted as bf16's"
     elif rec.config.get("strategy") == "zero3" and rec.config.get("method") == "qlora":
         c.note = "QLoRA under ZeRO-3: the 4-bit base's gathering is not modelled"
     return c

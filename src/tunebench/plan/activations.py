@@ -22,6 +22,8 @@ fp32 (every tensor 4 bytes): on a GPU grouped keys and values are repeated to th
 (autograd's saved tensors, whole model, CPU): Llama 16h + 12i + 16q + 4H + 8 (the norms' inputs and matmul
 inputs, gate, up and their product, attention's set, the norms' rstd), GPT-2 32h + 8i + 4H + 8 (fused qkv 12h,
 attention's output, LayerNorms' inputs and outputs, c_fc's output and GELU's).
+float8 (a full fine-tune's compiled blocks, torchao's linears): 3h + 2i fewer, float8 copies where bf16 ones were
+(CPU, saved tensors); under FSDP2 with tensorwise scales each block's float8 weights kept too (1 byte a weight).
 LoRA adds each adapter's rank-r output, and no copy of an adapter's input: peft casts that input to the
 adapters' fp32, yet nothing more is kept, under autocast or under DeepSpeed (whose bf16 engine casts the
 adapters too); checked on the CPU (a test) and on GPUs (benchmarks/results/planner.md).
@@ -56,11 +58,15 @@ class Activations:
     attention: str  # the SDPA kernel the planner assumes ("flash", "memory-efficient" or "math")
     note: str
     final_norm: float = 0.0  # of outside, the final norm's: freed by its backward, before any block's
-    per_block: float = 0.0  # bytes a block keeps for backward whatever the tokens (adapted experts' factors)
+    # bytes a block keeps for backward whatever the tokens (adapted experts' factors, FSDP2's float8 weights)
+    per_block: float = 0.0
     routing: float = 0.0  # of per_layer, a mixture of experts' routing (router probabilities, sort and gather indices)
     # bytes per token a block holds in its backward after its traced recompute, where counted whole (None: per_layer
     # and the backward's temporaries, plan.memory)
     traced_backward: float | None = None
+    # bytes per token that float8 blocks keep fewer than bf16's: their casts still read what bf16's kept (plan.speed
+    # counts elementwise traffic by bf16's bytes)
+    float8_fewer: float = 0.0
 
     def saved_by_blocks(self, w: Workload) -> float:
         """Bytes every block keeps through one micro-batch's forward (what offload=activations copies)."""
@@ -227,6 +233,25 @@ def _math_attention_extra(w: Workload) -> float:
     return (6 * q + 2 * heads * w.cfg.seq_len) - (4 * q + 4 * kv + 4 * heads)
 
 
+def _float8_linears(w: Workload) -> bool:
+    """A dense full fine-tune's blocks compiled with torchao's float8 linears (models.float8), on a Llama-like block."""
+    return w.full and w.cfg.float8 != "off" and bool(w.cfg.compile) and w.family == "llama" and not w.experts \
+        and not w.fp32
+
+
+def _float8_inputs(w: Workload) -> float:
+    """Bytes a token a float8 block keeps fewer than bf16's: the partitioner keeps float8 copies (1 byte) where
+    bf16's kept 2: 3h + 2i in all (autograd's saved tensors of a compiled Llama block of two MLP widths, on the
+    CPU, either recipe; the same count fits Llama-3-8B's GPU runs under FSDP2)."""
+    return 3 * w.spec.hidden_size + 2 * w.mlp_width if _float8_linears(w) else 0.0
+
+
+def _float8_weights(w: Workload) -> float:
+    """Bytes a block keeps whatever the tokens under FSDP2 with tensorwise float8: its weights arrive gathered in
+    float8 and are freed after its forward, so backward keeps its own float8 copy of each (1 byte a weight, whole)."""
+    if not (_float8_linears(w) and w.cfg.float8 == "tensorwise" and w.collectives == "fsdp"):
+        return 0.0
+    return w.counts.block_linears / w.layers
 
 
 def _traced_full_backward(w: Workload, kernel: str) -> float | None:
@@ -244,7 +269,8 @@ def _traced_full_backward(w: Workload, kernel: str) -> float | None:
 
 def activations(w: Workload) -> Activations:
     block = _llama_block(w) if w.family == "llama" else _gpt2_block(w)
-    block += _adapters(w)
+    float8_fewer = _float8_inputs(w)
+    block += _adapters(w) - float8_fewer
     if w.whole_graph and w.residual_bytes == 4 and not w.fp32:
         # one graph keeps about 2h more per block than blocks compiled apart: by its size a bf16 copy of the fp32
         # residual; a bf16 residual needs none (benchmarks/results/planner.md)
@@ -268,5 +294,5 @@ def activations(w: Workload) -> Activations:
             "checkpointing: each block keeps its input; one block's activations are rebuilt in backward"
             if share == 1 else "every block keeps its activations until backward" if share == 0 else
             f"checkpointing one block in {w.cfg.ckpt_every}: those keep their input, the others everything")
-    return Activations(block, kept, outside, kernel, note, final_norm, _expert_factors(w), routing(w),
-                       _traced_full_backward(w, kernel))
+    return Activations(block, kept, outside, kernel, note, final_norm, _expert_factors(w) + _float8_weights(w),
+                       routing(w), _traced_full_backward(w, kernel), float8_fewer)

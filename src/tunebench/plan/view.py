@@ -47,8 +47,9 @@ def summary_table(p: Prediction) -> Table:
                          "fp32 matmul ceiling") + "; attention and elementwise work fitted on GPT-2 small and "
                         "Llama-3.2-1B")
     if p.cfg.float8 != "off":
-        tab.add("note", f"float8={p.cfg.float8}: memory is predicted as bf16's, an upper bound (float8 keeps smaller "
-                        "activations); speed fitted on float8 runs")
+        kept = ("the blocks keep float8 copies of their matmuls' inputs (counted)" if p.cfg.method == "full" else
+                "a frozen float8 base's memory is predicted as bf16's, an upper bound")
+        tab.add("note", f"float8={p.cfg.float8}: {kept}; speed fitted on float8 runs")
     if p.cfg.method == "qlora" and STRATEGIES[p.cfg.strategy].gathers_per_module:
         tab.add("note", "QLoRA under zero3: memory is not modelled (DeepSpeed's gathering of the packed 4-bit "
                         "base holds more: benchmarks/results/planner.md); its speed is host-bound by DeepSpeed's "
