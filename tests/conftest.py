@@ -37,17 +37,13 @@ def tb(capsys):
 @pytest.fixture
 def no_codegen(monkeypatch):
     """torch.compile as the compiled run traces, partitions and recomputes, without inductor's code generation
-    (`aot_eager_decomp_partition`: inductor's decompositions and min-cut partitioner, the graphs run eagerly). For
-    tests of what is traced, kept and recomputed; a cold code generation costs most of such a test's time."""
+    (no_codegen_site/traced_only). For tests of what is traced, kept and recomputed; a cold code generation costs
+    most of such a test's time."""
     import torch
 
-    real = torch.compile
+    from no_codegen_site.traced_only import traced_only
 
-    def compile(model=None, **kw):
-        kw.setdefault("backend", "aot_eager_decomp_partition")
-        return real(**kw) if model is None else real(model, **kw)
-
-    monkeypatch.setattr(torch, "compile", compile)
+    monkeypatch.setattr(torch, "compile", traced_only(torch.compile))
 
 
 def no_codegen_env() -> dict[str, str]:
