@@ -351,12 +351,30 @@ def test_block_activations_match_what_autograd_saves(tmp_path, monkeypatch, prec
     assert activations(w).per_layer == pytest.approx(measured, rel=0.03)
 
 
+def _compiled_kept_per_token(model) -> float:
+    """Bytes per token autograd keeps for backward (parameters left out) when the model with its loss runs
+    compiled, batch 2 x 128."""
+    from tunebench.engine.model import CausalLMWithLoss
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, 512, (2, 128), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.compile(CausalLMWithLoss(model.train(), 512))(ids, ids)
+    return sum(kept.values()) / ids.numel()
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_fp32_compiled_activations_match_what_autograd_saves(tmp_path, monkeypatch, family, no_codegen):
     """fp32 compiled as one graph: what the partitioner keeps for backward, per block (a model of two blocks less
     one of one), is what plan.activations counts; grouped keys repeated as on a GPU (models.attention). The
     partitioner's choice, without inductor's code generation."""
-    from tunebench.engine.model import CausalLMWithLoss
     from tunebench.models import attention, resolve_model
     from tunebench.models.build import Weights, build
 
@@ -365,18 +383,7 @@ def test_fp32_compiled_activations_match_what_autograd_saves(tmp_path, monkeypat
     for layers in (1, 2):
         path = _tiny_model_dir(tmp_path / str(layers), family, layers)
         model, _ = build(resolve_model(path), Weights(dtype=torch.float32), torch.device("cpu"))
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        kept: dict[int, int] = {}
-
-        def pack(t, params=params, kept=kept):
-            if t.untyped_storage().data_ptr() not in params:
-                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        ids = torch.randint(0, 512, (2, 128), generator=torch.Generator().manual_seed(0))
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            torch.compile(CausalLMWithLoss(model.train(), 512))(ids, ids)
-        saved.append(sum(kept.values()) / ids.numel())
+        saved.append(_compiled_kept_per_token(model))
     cfg = RunConfig(model=path, precision="fp32", compile=True, compile_scope="model", seq_len=128, dropout=0.0)
     assert activations(workload(cfg, 1)).per_layer == pytest.approx(saved[1] - saved[0], rel=0.01)
 
@@ -385,7 +392,6 @@ def test_float8_blocks_keep_float8_copies_where_bf16_kept_bf16(tmp_path, no_code
     """A full fine-tune's compiled Llama block with torchao's float8 linears (on the CPU through torch's _scaled_mm)
     keeps fewer bytes a token than bf16's, by what plan.activations counts: the partitioner's float8 copies where
     bf16's were (bf16 weights, as FSDP2 gathers them)."""
-    from tunebench.engine.model import CausalLMWithLoss
     from tunebench.models import resolve_model
     from tunebench.models.build import Weights, build
     from tunebench.models.float8 import to_float8
@@ -396,18 +402,7 @@ def test_float8_blocks_keep_float8_copies_where_bf16_kept_bf16(tmp_path, no_code
                          Weights(dtype=torch.bfloat16), torch.device("cpu"))
         if float8 != "off":
             to_float8(model, float8, fsdp_all_gather=False)
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        kept: dict[int, int] = {}
-
-        def pack(t):
-            if t.untyped_storage().data_ptr() not in params:
-                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        ids = torch.randint(0, 512, (2, 128), generator=torch.Generator().manual_seed(0))
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            torch.compile(CausalLMWithLoss(model.train(), 512))(ids, ids)
-        return sum(kept.values()) / ids.numel()
+        return _compiled_kept_per_token(model)
 
     fewer = [kept_per_token(2, f) - kept_per_token(1, f) for f in ("off", "tensorwise")]
     path = _tiny_model_dir(tmp_path / "plan", "llama", 2)
