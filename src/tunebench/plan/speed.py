@@ -88,7 +88,8 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
         attention *= CAL.fp32_attention_dropout_slowdown if w.fp32 else CAL.attention_dropout_slowdown
     act = activations(w)
     per_saved = (CAL.fp32_elementwise_bytes if w.fp32 else CAL.elementwise_bytes)[w.family, cfg.compile]
-    moved = _blocks_bytes(w, per_saved * (act.per_layer + act.float8_fewer), tokens)
+    block_moved = per_saved * (act.per_layer + act.float8_fewer)  # float8's casts read what bf16's kept
+    moved = _blocks_bytes(w, block_moved, tokens)
     moved += CAL.loss_bytes_per_logit * w.compute_bytes / 2 * tokens * s.vocab_size  # fitted on 16-bit logits
     if cfg.method == "qlora":
         moved += 2.5 * c.block_linears * passes * cfg.grad_accum  # 4-bit read, bf16 written, per pass
@@ -109,7 +110,7 @@ def _gpu_work(w: Workload, hw: Hardware) -> dict[str, float]:
             "optimizer": optimizer}
     if w.reference_forward:
         work["reference forward"] = _reference_forward(w, hw, (ceiling, adapter_ceiling), attention_flops,
-                                                       per_saved * (act.per_layer + act.float8_fewer))
+                                                       block_moved)
     return work
 
 
